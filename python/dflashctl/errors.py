@@ -1,0 +1,44 @@
+"""Errors a user can act on, and the exit codes the service's restart policy relies on.
+
+Every failure a user can meet is raised as `DflashError(what, why, fix)`; the CLI prints it as one
+paragraph and exits with its code, never with a traceback.
+"""
+
+# Generic outcomes.
+OK = 0
+FAILED = 1  # a check found a problem (lock --check, doctor, diff, smoke)
+USAGE = 2  # argparse's own code for bad arguments
+
+# Failures that repeat identically on every start: systemd must not restart them
+# (listed in RestartPreventExitStatus through nix/service-unit.json; a test keeps both in step).
+CONFIG = 78  # EX_CONFIG: the instance settings are invalid
+PREFLIGHT_TORCH = 80  # torch missing, not the CUDA 13 build, or no GPU visible
+PREFLIGHT_KERNEL = 81  # sgl_kernel's common_ops does not load on this GPU
+PREFLIGHT_GRAMMAR = 82  # the selected grammar backend lacks what SGLang imports
+PREFLIGHT_SOUNDFILE = 83  # soundfile / libsndfile missing (SGLang imports it at start)
+PREFLIGHT_NATIVE = 84  # libnuma or libcuda does not resolve
+PREFLIGHT_DRIVER = 85  # the NVIDIA driver is too old for CUDA 13
+PREFLIGHT_SGLANG = 86  # sglang itself does not import, or lacks the requested algorithm
+NO_RESTART = (CONFIG, PREFLIGHT_TORCH, PREFLIGHT_KERNEL, PREFLIGHT_GRAMMAR, PREFLIGHT_SOUNDFILE,
+              PREFLIGHT_NATIVE, PREFLIGHT_DRIVER, PREFLIGHT_SGLANG)
+
+# Failures worth a restart with backoff (a crash can be transient: OOM, a GPU reset).
+SERVER_DIED_BEFORE_READY = 90
+SERVER_DIED_AFTER_READY = 91
+SERVER_START_TIMEOUT = 92
+
+
+class DflashError(Exception):
+    """A failure explained in one paragraph: what failed, why, and the one thing that fixes it."""
+
+    def __init__(self, what: str, why: str = "", fix: str = "", exit_code: int = FAILED):
+        super().__init__(what)
+        self.what, self.why, self.fix, self.exit_code = what, why, fix, exit_code
+
+    def __str__(self) -> str:
+        text = self.what
+        if self.why:
+            text += f": {self.why}"
+        if self.fix:
+            text += f"\n  fix: {self.fix}"
+        return text
