@@ -1,0 +1,116 @@
+"""uv.lock (universal, all systems) → one system's closure: which packages, which wheel each.
+
+Walks from the spec's requirements, evaluating every dependency marker for the system and
+following extras through `optional-dependencies` (torch needs cuda-toolkit[cublas,...]).
+"""
+
+from collections import deque
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from packaging.markers import Marker
+
+from dflashctl.lockfile import LockedWheel, canonical_name
+from dflashctl.spec import Spec
+from dflashctl.wheels import best_wheel, marker_env, tag_priority
+
+
+@dataclass
+class Closure:
+    packages: dict[str, LockedWheel]  # canonical name -> chosen wheel
+    urls: dict[str, str]  # canonical name -> download URL (memory only, never written)
+    roots: list[str]
+    problems: list[str]  # contract-level faults found while walking (no wheel, two versions)
+
+
+def file_name(url: str) -> str:
+    return unquote(url.rsplit("/", 1)[-1])
+
+
+def _applies(marker: str | None, env: dict) -> bool:
+    return marker is None or Marker(marker).evaluate(env)
+
+
+def _find(index: dict, dep: dict, env: dict) -> dict | None:
+    """The uv.lock package a dependency entry points at (uv forks a name into versions by marker)."""
+    candidates = index.get(canonical_name(dep["name"]), [])
+    if "version" in dep:
+        candidates = [p for p in candidates if p["version"] == dep["version"]]
+    if len(candidates) > 1:
+        candidates = [p for p in candidates
+                      if any(_applies(m, env) for m in p.get("resolution-markers", [None]))]
+    return candidates[0] if candidates else None
+
+
+def closure(uv_lock: dict, spec: Spec, system: str) -> Closure:
+    env = marker_env(system, spec.python)
+    priority = tag_priority(system, spec.python, spec.manylinux)
+    index: dict[str, list[dict]] = {}
+    project = None
+    for p in uv_lock.get("package", []):
+        if "virtual" in p.get("source", {}) or "editable" in p.get("source", {}):
+            project = p
+        else:
+            index.setdefault(canonical_name(p["name"]), []).append(p)
+
+    reached: dict[tuple[str, str], dict] = {}  # (name, version) -> package
+    extras: dict[tuple[str, str], set[str]] = {}
+    deps: dict[tuple[str, str], set[str]] = {}
+    queue: deque[tuple[dict, frozenset[str]]] = deque()
+    problems: list[str] = []
+
+    def visit(dep: dict, from_name: str):
+        target = _find(index, dep, env)
+        if target is None:
+            problems.append(f"{from_name} needs {dep['name']} on {system}, but uv's lock has no "
+                            f"matching entry")
+            return None
+        queue.append((target, frozenset(dep.get("extra", []))))
+        return canonical_name(target["name"])
+
+    roots = []
+    for dep in (project or {}).get("dependencies", []):
+        if _applies(dep.get("marker"), env):
+            roots.append(visit(dep, "the spec"))
+    while queue:
+        pkg, wanted = queue.popleft()
+        key = (canonical_name(pkg["name"]), pkg["version"])
+        new_extras = wanted - extras.get(key, set())
+        if key in reached and not new_extras:
+            continue
+        first = key not in reached
+        reached[key] = pkg
+        extras.setdefault(key, set()).update(wanted)
+        edges = list(pkg.get("dependencies", [])) if first else []
+        for extra in sorted(new_extras):
+            edges += pkg.get("optional-dependencies", {}).get(extra, [])
+        for dep in edges:
+            if _applies(dep.get("marker"), env):
+                name = visit(dep, key[0])
+                if name:
+                    deps.setdefault(key, set()).add(name)
+
+    versions: dict[str, list[str]] = {}
+    for name, version in reached:
+        versions.setdefault(name, []).append(version)
+    for name, vs in sorted(versions.items()):
+        if len(vs) > 1:
+            problems.append(f"{name}: one version per system expected on {system}, "
+                            f"found {', '.join(sorted(vs))}")
+
+    packages, urls = {}, {}
+    for (name, version), pkg in sorted(reached.items()):
+        wheels = {file_name(w["url"]): w for w in pkg.get("wheels", [])}
+        chosen = best_wheel(list(wheels), priority)
+        if chosen is None:
+            offered = ", ".join(sorted(wheels)) or ("only an sdist" if "sdist" in pkg else "nothing")
+            problems.append(f"{name} {version}: a wheel for {system} (cp{spec.python.replace('.', '')}, "
+                            f"manylinux <= {'_'.join(map(str, spec.manylinux))}) expected, found "
+                            f"{offered}")
+            continue
+        w = wheels[chosen]
+        packages[name] = LockedWheel(name, version, chosen, int(w["size"]),
+                                     w["hash"].removeprefix("sha256:"),
+                                     tuple(sorted(deps.get((name, version), ()))))
+        urls[name] = w["url"]
+    return Closure(packages, urls, sorted(r for r in roots if r), problems)

@@ -1,0 +1,157 @@
+"""`dflashctl lock`: nix/stack.toml → nix/python-lock.json, with the ABI contract enforced.
+
+    dflashctl lock                 resolve every system, check the contract, write the lock
+    dflashctl lock --check         re-resolve; exit 1 with a diff if the committed lock differs
+    dflashctl lock --diff OLD NEW  what changed between two lock files
+"""
+
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from dflashctl import contract, lockdiff, lockfile, resolver, spec as specmod
+from dflashctl.closure import closure
+from dflashctl.errors import FAILED, DflashError
+from dflashctl.lockfile import Lock
+
+
+def lock_from_uv(uv_lock: dict, spec: specmod.Spec, torch_requires) -> Lock:
+    """Build and contract-check the Lock from a parsed uv.lock.
+
+    `torch_requires(system, url) -> list[str]` gives the chosen torch wheel's Requires-Dist
+    (the network in real runs, captured metadata in tests). Raises one DflashError listing every
+    broken rule; never returns a lock that breaks the contract.
+    """
+    closures = {s: closure(uv_lock, spec, s) for s in spec.systems}
+    with ThreadPoolExecutor(max_workers=len(closures)) as pool:
+        requires = {s: pool.submit(torch_requires, s, c.urls["torch"])
+                    for s, c in closures.items() if "torch" in c.urls}
+        requires = {s: f.result() for s, f in requires.items()}
+    problems = []
+    for s, c in closures.items():
+        problems += c.problems
+        problems += contract.check(spec.contract, s, c.packages, requires.get(s), spec.python)
+    if problems:
+        raise DflashError(
+            f"the resolved stack breaks {len(problems)} rule(s) of the ABI contract",
+            "".join(f"\n  - {p}" for p in problems),
+            "change the pins in nix/stack.toml (or the [contract] table, if the new versions are "
+            "meant) and run `dflashctl lock` again; the lock was not written")
+    return Lock(spec.sha256, spec.python, spec.exclude_newer, list(spec.requirements),
+                {s: c.packages for s, c in closures.items()},
+                {s: c.roots for s, c in closures.items()})
+
+
+def resolve(spec: specmod.Spec, quiet: bool = False) -> Lock:
+    uv_lock = resolver.run_uv_lock(spec, quiet)
+    return lock_from_uv(uv_lock, spec, lambda system, url: resolver.requires_dist(url))
+
+
+def summary(lock: Lock) -> dict:
+    return {s: {"packages": len(p), "download_bytes": sum(w.size for w in p.values())}
+            for s, p in sorted(lock.systems.items())}
+
+
+def _cmd_diff(args) -> int:
+    old, new = lockfile.load(args.diff[0]), lockfile.load(args.diff[1])
+    changes = lockdiff.diff(old, new)
+    print(json.dumps(lockdiff.as_json(changes), indent=2) if args.json else lockdiff.table(changes))
+    return 0
+
+
+def _cmd_check(args, spec: specmod.Spec) -> int:
+    committed_text = _read(args.lock)
+    committed = lockfile.parse(_json(committed_text, args.lock), str(args.lock))
+    fresh = resolve(spec, args.quiet)
+    changes = lockdiff.diff(committed, fresh)
+    hand_formatted = not changes and committed_text != fresh.dumps()
+    if args.json:
+        print(json.dumps({"up_to_date": not changes and not hand_formatted,
+                          "changes": lockdiff.as_json(changes)}, indent=2))
+    elif changes:
+        print(lockdiff.table(changes))
+    if not changes and not hand_formatted:
+        if not args.json:
+            print(f"{args.lock} is up to date with {args.spec}", file=sys.stderr)
+        return 0
+    tampered = [c for c in changes if c.kind == "re-hashed"]
+    if tampered:
+        names = ", ".join(f"{c.package} ({c.system})" for c in tampered)
+        raise DflashError(f"{args.lock} was tampered with",
+                          f"the sha256 or size of the same wheel file differs from the index for "
+                          f"{names}; the index never changes a published file, so the lock was edited",
+                          "restore the lock from git or regenerate it with `dflashctl lock`", FAILED)
+    if hand_formatted:
+        raise DflashError(f"{args.lock} is not in canonical form",
+                          "its content matches a fresh resolution but its text differs (edited by hand?)",
+                          "run `dflashctl lock` and commit the result", FAILED)
+    why = (f"{len(changes)} difference(s) from a fresh resolution of {args.spec} (table above)"
+           + ("; stack.toml changed since the lock was written"
+              if committed.spec_sha256 != spec.sha256 else ""))
+    raise DflashError(f"{args.lock} is stale", why,
+                      "run `dflashctl lock` and commit nix/stack.toml and the lock together", FAILED)
+
+
+def _read(path: Path) -> str:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise DflashError(f"no lock at {path}", "the file does not exist",
+                          "run `dflashctl lock` first, or pass --lock PATH") from None
+
+
+def _json(text: str, path) -> dict:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DflashError(f"{path} is not valid JSON", str(e),
+                          "regenerate it with `dflashctl lock`", FAILED) from None
+
+
+def run(args) -> int:
+    if args.diff:
+        return _cmd_diff(args)
+    spec = specmod.load(args.spec)
+    if args.check:
+        return _cmd_check(args, spec)
+    start = time.monotonic()
+    lock = resolve(spec, args.quiet)
+    text = lock.dumps()
+    old = Path(args.lock).read_text() if Path(args.lock).exists() else None
+    if text != old:
+        lockfile.write_atomic(args.lock, text)
+    wall = time.monotonic() - start
+    info = summary(lock)
+    if args.json:
+        print(json.dumps({"lock": str(args.lock), "changed": text != old, "wall_s": round(wall, 2),
+                          "systems": info}, indent=2))
+    else:
+        for system, s in info.items():
+            print(f"{system}: {s['packages']} packages, {s['download_bytes'] / 2**30:.2f} GiB of wheels")
+        print(f"{'wrote' if text != old else 'unchanged:'} {args.lock} ({wall:.1f} s)")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("lock", help="resolve nix/stack.toml into nix/python-lock.json",
+                              description=__doc__, formatter_class=_RawHelp)
+    p.add_argument("--spec", type=Path, default=lockfile.DEFAULT_SPEC, help="default: %(default)s")
+    p.add_argument("--lock", type=Path, default=lockfile.DEFAULT_LOCK, help="default: %(default)s")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true",
+                      help="re-resolve and fail with a diff if the lock is stale or edited")
+    mode.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), type=Path,
+                      help="show what changed between two lock files")
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=run)
+
+
+def _raw_help():
+    import argparse
+    return argparse.RawDescriptionHelpFormatter
+
+
+_RawHelp = _raw_help()

@@ -1,0 +1,136 @@
+"""Drive uv's resolver: a throw-away project whose uv.lock covers every system of the spec.
+
+uv resolves all systems in one universal pass (`environments`), refuses sdists (`no-build`) and
+hides newer uploads (`exclude-newer`). We read its uv.lock and never keep it: the URLs in it
+name the index host, and the lock we commit must not.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from dflashctl.errors import DflashError
+from dflashctl.spec import Spec
+from dflashctl.systems import SYSTEMS
+
+
+def uv_binary() -> str:
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        raise DflashError("`dflashctl lock` needs uv", "the `uv` Python package is not installed",
+                          "pip install 'dflashctl[lock]' (pins uv==0.13.9)") from None
+    return find_uv_bin()
+
+
+def environment_marker(spec: Spec, system: str) -> str:
+    return (f"python_version == '{spec.python}' and sys_platform == 'linux'"
+            f" and platform_machine == '{SYSTEMS[system]}'")
+
+
+def project_toml(spec: Spec) -> str:
+    """The throw-away pyproject.toml: JSON strings are valid TOML basic strings."""
+    q = json.dumps
+    envs = "[" + ", ".join(q(environment_marker(spec, s)) for s in spec.systems) + "]"
+    return "\n".join([
+        "[project]",
+        'name = "dflash-stack"',
+        'version = "0"',
+        # uv needs an interpreter to run and this one (>= 3.11) will do: the targets are the markers.
+        'requires-python = ">=3.11"',
+        f"dependencies = [{', '.join(q(r) for r in spec.requirements)}]",
+        "[tool.uv]",
+        "package = false",
+        f"environments = {envs}",
+        f"required-environments = {envs}",  # fail unless every system gets a wheel of everything
+        f"exclude-newer = {q(spec.exclude_newer)}",
+        "no-build = true",  # wheels only: an sdist would have to be built on the host
+        "",
+    ])
+
+
+class Ticker:
+    """Elapsed seconds on stderr while something slow runs (a line every 10 s when not a tty)."""
+
+    def __init__(self, label: str, quiet: bool = False):
+        self.label, self.quiet, self.start = label, quiet, time.monotonic()
+        self._stop = threading.Event()
+        self._tty = sys.stderr.isatty()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        every = 1 if self._tty else 10
+        while not self._stop.wait(every):
+            elapsed = time.monotonic() - self.start
+            end = "\r" if self._tty else "\n"
+            print(f"{self.label} … {elapsed:.0f} s", end=end, file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if not self.quiet:
+            print(f"{self.label} …", file=sys.stderr, flush=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if not self.quiet:
+            self._thread.join()
+            state = "failed" if exc[0] else "done"
+            print(f"{self.label}: {state} in {time.monotonic() - self.start:.1f} s" + " " * 10,
+                  file=sys.stderr, flush=True)
+
+
+def run_uv_lock(spec: Spec, quiet: bool = False) -> dict:
+    """Resolve `spec` with `uv lock`; the parsed uv.lock, or a DflashError saying why not."""
+    uv = uv_binary()
+    env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", NO_COLOR="1")
+    with tempfile.TemporaryDirectory(prefix="dflash-lock-") as tmp:
+        Path(tmp, "pyproject.toml").write_text(project_toml(spec))
+        label = f"resolving {len(spec.requirements)} requirements for {', '.join(spec.systems)} with uv"
+        with Ticker(label, quiet):
+            proc = subprocess.run([uv, "lock", "--python", sys.executable, "--directory", tmp],
+                                  env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise uv_failure(proc.stderr)
+        return tomllib.loads(Path(tmp, "uv.lock").read_text())
+
+
+def uv_failure(stderr: str) -> DflashError:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()
+             and not line.startswith(("Using CPython", "Resolved"))]
+    text = " ".join(lines)[-1500:] or "uv exited without a message"
+    lowered = text.lower()
+    if "no solution found" in lowered or "unsatisfiable" in lowered:
+        fix = "change the pins in nix/stack.toml (or move exclude-newer) so that they agree"
+        what = "the requirements in nix/stack.toml cannot be satisfied"
+    elif any(s in lowered for s in ("network", "connect", "dns", "timed out", "timeout", "tls",
+                                    "failed to fetch", "error sending request")):
+        fix = "check the connection to the package index and run `dflashctl lock` again"
+        what = "the package index could not be reached while resolving"
+    else:
+        fix = "read uv's message above; fix nix/stack.toml and run `dflashctl lock` again"
+        what = "uv could not resolve the stack"
+    return DflashError(what, f"uv says: {text}", fix + " (nothing was written)")
+
+
+def requires_dist(url: str, timeout: float = 60) -> list[str]:
+    """A wheel's Requires-Dist lines from the index's PEP 658 metadata file (a few KiB)."""
+    try:
+        with urllib.request.urlopen(url + ".metadata", timeout=timeout) as r:
+            text = r.read().decode()
+    except (urllib.error.URLError, OSError) as e:
+        name = url.rsplit("/", 1)[-1]
+        raise DflashError(f"could not read the metadata of {name}", str(e),
+                          "check the connection to the package index and run `dflashctl lock` again"
+                          " (nothing was written)") from None
+    head = text.split("\n\n", 1)[0]  # headers end at the first blank line; the body is the README
+    return [line.split(":", 1)[1].strip() for line in head.splitlines()
+            if line.startswith("Requires-Dist:")]
