@@ -1,0 +1,303 @@
+"""Instance settings: the JSON that `services.dflash.instances.<name>` writes, its defaults and rules.
+
+One instance is one SGLang server. The JSON keys are the NixOS option names (camelCase); the
+dataclass attributes are the same names in snake_case. Loading checks types and ranges of one
+instance and lists every problem at once; rules that span instances live in `validate.py`.
+Unknown keys are errors: a typo must not be silently ignored.
+"""
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflashctl.errors import CONFIG, DflashError
+
+ALGORITHMS = ("DFLASH", "DDTREE", "EAGLE3")
+NEEDS_DRAFT = ("DFLASH", "DDTREE", "EAGLE3")
+GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines", "none")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Speculative:
+    algorithm: str | None = None
+    num_draft_tokens: int | None = None
+    ddtree_budget: int | None = None
+    draft_attention_backend: str | None = None
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    name: str
+    model: str
+    draft_model: str | None = None
+    speculative: Speculative = field(default_factory=Speculative)
+    gpus: tuple[int, ...] = ()  # empty: CUDA_VISIBLE_DEVICES is left alone (every GPU visible)
+    allow_shared_gpus: bool = False
+    tp_size: int = 1
+    host: str = "127.0.0.1"
+    port: int = 30000
+    grammar_backend: str = "xgrammar"
+    attention_backend: str | None = None
+    mem_fraction_static: float | None = None
+    context_length: int | None = None
+    served_model_name: str | None = None
+    api_key_file: str | None = None
+    enable_metrics: bool = False
+    environment: dict[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    cache_dir: str | None = None  # None: systemd's CacheDirectory ($CACHE_DIRECTORY) if set
+    start_timeout_sec: int = 900
+    # For synthetic models (smoke tests): random weights, no tokenizer, small CUDA graphs.
+    load_format: str | None = None
+    draft_load_format: str | None = None
+    skip_tokenizer_init: bool = False
+    cuda_graph_max_bs: int | None = None
+    sampling_backend: str | None = None
+    disable_cuda_graph: bool = False
+
+    @property
+    def base_url(self) -> str:
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+
+# --- types -----------------------------------------------------------------------------------------
+# Each checker returns the converted value or raises ValueError with a phrase completing
+# "<key> must be ...".
+
+def _str(v):
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("a non-empty string")
+    return v
+
+
+def _opt(check):
+    return lambda v: None if v is None else check(v)
+
+
+def _bool(v):
+    if not isinstance(v, bool):
+        raise ValueError("true or false")
+    return v
+
+
+def _int(lo, hi=None):
+    def check(v):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+            raise ValueError(f"an integer from {lo} to {hi}" if hi is not None else f"an integer >= {lo}")
+        return v
+    return check
+
+
+def _choice(*choices):
+    def check(v):
+        if v not in choices:
+            raise ValueError("one of " + ", ".join(json.dumps(c) for c in choices))
+        return v
+    return check
+
+
+def _fraction(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ValueError("a number greater than 0 and at most 1")
+    return float(v)
+
+
+def _abs_path(v):
+    if not isinstance(v, str) or not v.startswith("/"):
+        raise ValueError("an absolute path")
+    return v
+
+
+def _gpus(v):
+    if not isinstance(v, list) or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in v):
+        raise ValueError("a list of GPU indices (integers >= 0), e.g. [0, 1]")
+    if len(set(v)) != len(v):
+        raise ValueError(f"a list without repeats (got {v})")
+    return tuple(v)
+
+
+def _environment(v):
+    if not isinstance(v, dict):
+        raise ValueError('an object of strings, e.g. {"NCCL_DEBUG": "WARN"}')
+    for k, val in v.items():
+        if not ENV_NAME_RE.match(k):
+            raise ValueError(f"an object whose keys are variable names ({k!r} is not)")
+        if not isinstance(val, str):
+            raise ValueError(f"an object of strings ({k} is {json.dumps(val)}; quote it)")
+    return dict(v)
+
+
+def _extra_args(v):
+    if not isinstance(v, list) or any(not isinstance(a, str) for a in v):
+        raise ValueError('a list of strings, e.g. ["--max-running-requests", "64"]')
+    return tuple(v)
+
+
+SPECULATIVE_KEYS = {
+    "algorithm": ("algorithm", _opt(_choice(*ALGORITHMS))),
+    "numDraftTokens": ("num_draft_tokens", _opt(_int(1, 1024))),
+    "ddtreeBudget": ("ddtree_budget", _opt(_int(1, 65536))),
+    "draftAttentionBackend": ("draft_attention_backend", _opt(_str)),
+}
+
+
+def _speculative(v):
+    if v is None:
+        return Speculative()
+    if not isinstance(v, dict):
+        raise ValueError('an object, e.g. {"algorithm": "DFLASH"}')
+    return v  # checked key by key in from_dict, so every problem is listed
+
+
+# JSON key -> (attribute, checker). `name` and `speculative` are handled in from_dict.
+KEYS = {
+    "model": ("model", _str),
+    "draftModel": ("draft_model", _opt(_str)),
+    "gpus": ("gpus", _gpus),
+    "allowSharedGpus": ("allow_shared_gpus", _bool),
+    "tpSize": ("tp_size", _int(1, 64)),
+    "host": ("host", _str),
+    "port": ("port", _int(1, 65535)),
+    "grammarBackend": ("grammar_backend", _choice(*GRAMMAR_BACKENDS)),
+    "attentionBackend": ("attention_backend", _opt(_str)),
+    "memFractionStatic": ("mem_fraction_static", _opt(_fraction)),
+    "contextLength": ("context_length", _opt(_int(1))),
+    "servedModelName": ("served_model_name", _opt(_str)),
+    "apiKeyFile": ("api_key_file", _opt(_abs_path)),
+    "enableMetrics": ("enable_metrics", _bool),
+    "environment": ("environment", _environment),
+    "extraArgs": ("extra_args", _extra_args),
+    "cacheDir": ("cache_dir", _opt(_abs_path)),
+    "startTimeoutSec": ("start_timeout_sec", _int(1, 86400)),
+    "loadFormat": ("load_format", _opt(_str)),
+    "draftLoadFormat": ("draft_load_format", _opt(_str)),
+    "skipTokenizerInit": ("skip_tokenizer_init", _bool),
+    "cudaGraphMaxBs": ("cuda_graph_max_bs", _opt(_int(1))),
+    "samplingBackend": ("sampling_backend", _opt(_str)),
+    "disableCudaGraph": ("disable_cuda_graph", _bool),
+}
+ALL_KEYS = {"name", "speculative", *KEYS}
+
+
+def _unknown(keys, known, where: str) -> list[str]:
+    out = []
+    for k in sorted(set(keys) - set(known)):
+        close = difflib.get_close_matches(k, list(known), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        out.append(f"{where}{k}: unknown setting{hint}")
+    return out
+
+
+def problems_of(d: Any, name: str | None = None) -> tuple[list[str], dict]:
+    """Check one instance's JSON. Returns (problems, converted keyword arguments)."""
+    if not isinstance(d, dict):
+        return ["the settings must be a JSON object"], {}
+    problems = _unknown(d, ALL_KEYS, "")
+    kwargs: dict[str, Any] = {}
+    inst_name = d.get("name", name)
+    if name is not None and "name" in d and d["name"] != name:
+        problems.append(f"name: {d['name']!r} differs from the instance's key {name!r}")
+    if not isinstance(inst_name, str) or not NAME_RE.match(inst_name):
+        problems.append(f"name: {inst_name!r} must be 1-64 letters, digits, '-' or '_' "
+                        "(it becomes part of the systemd unit name)")
+    kwargs["name"] = inst_name
+    if "model" not in d:
+        problems.append("model: required (a Hugging Face repo id or a local directory)")
+    for key, (attr, check) in KEYS.items():
+        if key in d:
+            try:
+                kwargs[attr] = check(d[key])
+            except ValueError as e:
+                problems.append(f"{key}: must be {e} (got {json.dumps(d[key])})")
+    spec = d.get("speculative")
+    try:
+        spec = _speculative(spec)
+    except ValueError as e:
+        problems.append(f"speculative: must be {e} (got {json.dumps(spec)})")
+        spec = {}
+    if isinstance(spec, dict):
+        problems += _unknown(spec, SPECULATIVE_KEYS, "speculative.")
+        skw = {}
+        for key, (attr, check) in SPECULATIVE_KEYS.items():
+            if key in spec:
+                try:
+                    skw[attr] = check(spec[key])
+                except ValueError as e:
+                    problems.append(f"speculative.{key}: must be {e} (got {json.dumps(spec[key])})")
+        spec = Speculative(**skw)
+    kwargs["speculative"] = spec
+    if not problems:
+        problems += _rules(kwargs)
+    return problems, kwargs
+
+
+def _rules(kw: dict) -> list[str]:
+    """Rules within one instance (written once; the module runs them at build time)."""
+    out = []
+    spec: Speculative = kw["speculative"]
+    algo = spec.algorithm
+    if algo in NEEDS_DRAFT and not kw.get("draft_model"):
+        out.append(f"speculative.algorithm: {algo} needs draftModel (the drafter's repo id or "
+                   "directory, e.g. z-lab/Qwen3-8B-DFlash-b16 for Qwen/Qwen3-8B)")
+    if algo is None:
+        for key, attr in (("numDraftTokens", "num_draft_tokens"), ("ddtreeBudget", "ddtree_budget"),
+                          ("draftAttentionBackend", "draft_attention_backend")):
+            if getattr(spec, attr) is not None:
+                out.append(f"speculative.{key}: set, but speculative.algorithm is null; "
+                           "set an algorithm or remove it")
+        if kw.get("draft_model"):
+            out.append("draftModel: set, but speculative.algorithm is null; set "
+                       'speculative.algorithm (e.g. "DFLASH") or remove draftModel')
+        if kw.get("draft_load_format"):
+            out.append("draftLoadFormat: set, but speculative.algorithm is null")
+    if spec.ddtree_budget is not None and algo not in (None, "DDTREE"):
+        out.append(f"speculative.ddtreeBudget: only DDTREE uses a tree budget, not {algo}; remove it")
+    gpus = kw.get("gpus", ())
+    tp = kw.get("tp_size", 1)
+    if gpus and tp > len(gpus):
+        out.append(f"tpSize: {tp} is larger than the {len(gpus)} GPU(s) given in gpus {list(gpus)}; "
+                   f"list {tp} GPUs or lower tpSize")
+    env = kw.get("environment", {})
+    if gpus and "CUDA_VISIBLE_DEVICES" in env:
+        out.append("environment.CUDA_VISIBLE_DEVICES: conflicts with gpus; set the GPUs with gpus only")
+    from dflashctl.sglang_args import MAPPED_FLAGS  # the mapping owns the flag names
+    for arg in kw.get("extra_args", ()):
+        flag = arg.split("=", 1)[0]
+        if flag in MAPPED_FLAGS:
+            out.append(f"extraArgs: {flag} is set by the option {MAPPED_FLAGS[flag]}; use that option")
+    return out
+
+
+def from_dict(d: Any, name: str | None = None, origin: str = "settings") -> InstanceConfig:
+    """One instance from its JSON object; raises DflashError(CONFIG) listing every problem."""
+    problems, kwargs = problems_of(d, name)
+    if problems:
+        who = kwargs.get("name") or name or "?"
+        raise DflashError(f"invalid settings for instance {who!r} in {origin}",
+                          f"{len(problems)} problem(s)\n  - " + "\n  - ".join(problems),
+                          "correct the settings above (keys as in services.dflash.instances.<name>; "
+                          "docs/service.md lists them)", CONFIG)
+    return InstanceConfig(**kwargs)
+
+
+def read_json(path: Path | str) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise DflashError(f"cannot read {path}", e.strerror or str(e),
+                          "pass the settings file the module or `dflashctl unit` wrote", CONFIG)
+    except json.JSONDecodeError as e:
+        raise DflashError(f"{path} is not valid JSON", f"line {e.lineno} column {e.colno}: {e.msg}",
+                          "fix the JSON syntax", CONFIG)
+
+
+def load(path: Path | str) -> InstanceConfig:
+    """The single instance in `path` (what the module writes for `dflashctl serve --config`)."""
+    return from_dict(read_json(path), origin=str(path))

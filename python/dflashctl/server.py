@@ -1,0 +1,186 @@
+"""The SGLang child process: start it in its own process group, know at once when it dies.
+
+Readiness is a real decode (`/health_generate` answers 200), never an open port. The child is
+watched while the health request is in flight, so a crash is reported within a fraction of a
+second instead of after a timeout. Shared by `dflashctl serve` and `dflashctl smoke`.
+"""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+from dflashctl.errors import SERVER_DIED_BEFORE_READY, SERVER_START_TIMEOUT, DflashError
+
+POLL_S = 0.1  # how often the child is checked while waiting
+HEALTH_INTERVAL_S = 0.5  # pause between health attempts
+HEALTH_REQUEST_TIMEOUT_S = 60.0  # one /health_generate may include the first CUDA-graph decode
+
+
+class Server:
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, base_url: str,
+                 api_key: str | None = None, echo: TextIO | None = None):
+        self.argv, self.env, self.log_path = list(argv), dict(env), Path(log_path)
+        self.base_url, self.api_key, self.echo = base_url.rstrip("/"), api_key, echo
+        self.proc: subprocess.Popen | None = None
+        self._echo_thread: threading.Thread | None = None
+        self._log_offset = 0
+
+    # --- process ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._log_offset = log.tell()  # echo starts here: earlier runs' lines are not repeated
+            try:
+                self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
+                                             stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)  # own group: signals reach all
+            except OSError as e:
+                raise DflashError(f"cannot start {self.argv[0]}", e.strerror or str(e),
+                                  "check the stack's Python interpreter path", SERVER_DIED_BEFORE_READY)
+        if self.echo is not None:
+            self._echo_thread = threading.Thread(target=self._follow_log, daemon=True)
+            self._echo_thread.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc else None
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The exit status, or None if the child still runs after `timeout` seconds."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # the whole group is gone already
+
+    def stop(self, grace: float = 30) -> int | None:
+        """SIGTERM to the process group, SIGKILL to what is left after `grace` seconds."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.signal_group(signal.SIGTERM)
+            if self.wait(grace) is None:
+                self.signal_group(signal.SIGKILL)
+                self.proc.wait()
+        self.signal_group(signal.SIGKILL)  # helpers the leader left behind (scheduler, detokenizer)
+        return self.proc.returncode
+
+    # --- readiness -------------------------------------------------------------------------------
+    def wait_ready(self, timeout: float, on_progress: Callable[[float, str], None] | None = None,
+                   health_path: str = "/health_generate") -> float:
+        """Block until `health_path` answers 200; returns the seconds it took.
+
+        Raises SERVER_DIED_BEFORE_READY as soon as the child exits (checked every POLL_S, also while
+        a health request hangs) and SERVER_START_TIMEOUT after `timeout` seconds.
+        """
+        start = time.monotonic()
+        url = self.base_url + health_path
+        attempt: dict = {}  # the health request in flight: {"thread", "ok"}
+        next_attempt = start
+        last_progress = start
+        while True:
+            now = time.monotonic()
+            rc = self.proc.poll()
+            if rc is not None:
+                raise DflashError(f"SGLang exited with status {_describe(rc)} before it was ready "
+                                  f"({now - start:.1f} s after start)",
+                                  "its log ends with:\n" + _indent(self.log_tail()),
+                                  f"read the log above (full log: {self.log_path})",
+                                  SERVER_DIED_BEFORE_READY)
+            if attempt and not attempt["thread"].is_alive():
+                if attempt["ok"]:
+                    return now - start
+                attempt = {}
+                next_attempt = now + HEALTH_INTERVAL_S
+            if not attempt and now >= next_attempt:
+                attempt = {"ok": False}
+                attempt["thread"] = threading.Thread(
+                    target=self._probe, args=(url, attempt, max(1.0, min(HEALTH_REQUEST_TIMEOUT_S,
+                                                                      start + timeout - now))),
+                    daemon=True)
+                attempt["thread"].start()
+            if now - start >= timeout:
+                raise DflashError(f"SGLang was not ready after {timeout:.0f} s",
+                                  f"{health_path} never answered 200 while the process kept running; "
+                                  "its log ends with:\n" + _indent(self.log_tail()),
+                                  "if the model is still loading, raise startTimeoutSec; otherwise "
+                                  f"read {self.log_path}", SERVER_START_TIMEOUT)
+            if on_progress is not None and now - last_progress >= 1.0:
+                last_progress = now
+                on_progress(now - start, self.last_log_line())
+            time.sleep(POLL_S)
+
+    def _probe(self, url: str, result: dict, timeout: float) -> None:
+        req = urllib.request.Request(url)
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                result["ok"] = resp.status == 200
+        except (OSError, urllib.error.URLError, ValueError):
+            result["ok"] = False  # not listening yet, 503 while loading, or a reset
+
+    # --- log -------------------------------------------------------------------------------------
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 64 * 1024))
+                data = f.read()
+        except OSError:
+            return "(no log)"
+        text = data.decode("utf-8", "replace").rstrip("\n")
+        return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
+
+    def last_log_line(self) -> str:
+        tail = self.log_tail(5).splitlines()
+        return tail[-1].strip() if tail else ""
+
+    def _follow_log(self) -> None:
+        """Copy the child's log to `echo` (the journal, under systemd) as it grows."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_offset)
+            while True:
+                chunk = f.read(65536)
+                if chunk:
+                    self.echo.write(chunk.decode("utf-8", "replace"))
+                    self.echo.flush()
+                elif self.proc.poll() is not None:
+                    rest = f.read()  # what it wrote just before exiting
+                    self.echo.write(rest.decode("utf-8", "replace"))
+                    self.echo.flush()
+                    return
+                else:
+                    time.sleep(0.2)
+
+
+def _describe(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"{rc} (killed by {signal.Signals(-rc).name})"
+        except ValueError:
+            return str(rc)
+    return str(rc)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    | " + line for line in text.splitlines())

@@ -1,0 +1,97 @@
+"""The one mapping from instance settings to SGLang's command line and environment.
+
+Nothing else (not the NixOS module, not the unit renderer) knows SGLang's flag names.
+"""
+
+import os
+import sys
+
+from dflashctl.config import InstanceConfig
+
+# Flags this module sets, with the option that owns each (extraArgs may not repeat them).
+MAPPED_FLAGS = {
+    "--model-path": "model",
+    "--host": "host",
+    "--port": "port",
+    "--tp-size": "tpSize",
+    "--tp": "tpSize",
+    "--grammar-backend": "grammarBackend",
+    "--speculative-algorithm": "speculative.algorithm",
+    "--speculative-draft-model-path": "draftModel",
+    "--speculative-num-draft-tokens": "speculative.numDraftTokens",
+    "--speculative-dflash-block-size": "speculative.numDraftTokens",
+    "--speculative-ddtree-budget": "speculative.ddtreeBudget",
+    "--speculative-draft-attention-backend": "speculative.draftAttentionBackend",
+    "--attention-backend": "attentionBackend",
+    "--mem-fraction-static": "memFractionStatic",
+    "--context-length": "contextLength",
+    "--served-model-name": "servedModelName",
+    "--api-key": "apiKeyFile",
+    "--enable-metrics": "enableMetrics",
+    "--load-format": "loadFormat",
+    "--speculative-draft-load-format": "draftLoadFormat",
+    "--skip-tokenizer-init": "skipTokenizerInit",
+    "--cuda-graph-max-bs": "cudaGraphMaxBs",
+    "--sampling-backend": "samplingBackend",
+    "--disable-cuda-graph": "disableCudaGraph",
+}
+
+API_KEY_PLACEHOLDER = "<apiKeyFile>"
+
+
+def build_argv(cfg: InstanceConfig, python: str = sys.executable, api_key: str | None = None) -> list[str]:
+    """[python, "-m", "sglang.launch_server", ...] for this instance.
+
+    `api_key` is the key's text (read by serve from the systemd credential); without it a
+    placeholder stands in, so the argv can be shown without revealing the key.
+    """
+    spec = cfg.speculative
+    argv = [python, "-m", "sglang.launch_server",
+            "--model-path", cfg.model,
+            "--host", cfg.host,
+            "--port", str(cfg.port),
+            "--tp-size", str(cfg.tp_size),
+            "--grammar-backend", cfg.grammar_backend]
+
+    def opt(flag: str, value) -> None:
+        if value is not None:
+            argv.extend([flag, str(value)])
+
+    def switch(flag: str, on: bool) -> None:
+        if on:
+            argv.append(flag)
+
+    opt("--speculative-algorithm", spec.algorithm)
+    opt("--speculative-draft-model-path", cfg.draft_model)
+    opt("--speculative-num-draft-tokens", spec.num_draft_tokens)
+    opt("--speculative-ddtree-budget", spec.ddtree_budget)
+    opt("--speculative-draft-attention-backend", spec.draft_attention_backend)
+    opt("--speculative-draft-load-format", cfg.draft_load_format)
+    opt("--attention-backend", cfg.attention_backend)
+    opt("--mem-fraction-static", cfg.mem_fraction_static)
+    opt("--context-length", cfg.context_length)
+    opt("--served-model-name", cfg.served_model_name)
+    opt("--load-format", cfg.load_format)
+    opt("--sampling-backend", cfg.sampling_backend)
+    opt("--cuda-graph-max-bs", cfg.cuda_graph_max_bs)
+    switch("--skip-tokenizer-init", cfg.skip_tokenizer_init)
+    switch("--disable-cuda-graph", cfg.disable_cuda_graph)
+    switch("--enable-metrics", cfg.enable_metrics)
+    if cfg.api_key_file is not None:
+        argv.extend(["--api-key", api_key if api_key is not None else API_KEY_PLACEHOLDER])
+    argv.extend(cfg.extra_args)
+    return argv
+
+
+def build_env(cfg: InstanceConfig, base_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: base_env + GPUs + model cache + the instance's `environment`."""
+    env = dict(os.environ if base_env is None else base_env)
+    if cfg.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cfg.gpus)
+    cache = cfg.cache_dir or env.get("CACHE_DIRECTORY", "").split(":")[0] or None
+    if cache:
+        env["HF_HOME"] = cache
+    # Logs reach the journal line by line, not in 8 KiB blocks.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(cfg.environment)
+    return env

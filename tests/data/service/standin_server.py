@@ -1,0 +1,81 @@
+"""A stand-in for `python -m sglang.launch_server`: a real HTTP server process for supervisor tests.
+
+Takes SGLang's flags (uses --port and --host, ignores the rest) and behaves as STANDIN_MODE says:
+  healthy          /health_generate answers 503 for STANDIN_READY_AFTER seconds, then 200
+  crash            logs a few lines, then exits 3 after STANDIN_READY_AFTER seconds (never ready)
+  hang             listens, but /health_generate never answers 200
+  die-after-ready  like healthy, then exits 4 STANDIN_DIE_AFTER seconds after the first 200
+  silent           never listens at all
+It writes its argv as JSON to STANDIN_ARGV_FILE if set, and exits 0 on SIGTERM.
+"""
+
+import http.server
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+mode = os.environ.get("STANDIN_MODE", "healthy")
+ready_after = float(os.environ.get("STANDIN_READY_AFTER", "0.5"))
+die_after = float(os.environ.get("STANDIN_DIE_AFTER", "0.3"))
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1]) if "--port" in args else 30000
+host = args[args.index("--host") + 1] if "--host" in args else "127.0.0.1"
+started = time.monotonic()
+served_ok = threading.Event()
+
+if os.environ.get("STANDIN_ARGV_FILE"):
+    with open(os.environ["STANDIN_ARGV_FILE"], "w") as f:
+        json.dump({"argv": sys.argv, "env": {k: v for k, v in os.environ.items()
+                                             if k in ("CUDA_VISIBLE_DEVICES", "HF_HOME", "FOO")}}, f)
+
+
+def on_term(signum, frame):
+    print(f"standin: got signal {signum}, shutting down", flush=True)
+    os._exit(0)
+
+
+signal.signal(signal.SIGTERM, on_term)
+print(f"standin: mode={mode} port={port}", flush=True)
+print("standin: Loading safetensors checkpoint shards", flush=True)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ready = time.monotonic() - started >= ready_after
+        if self.path == "/health_generate" and ready and mode in ("healthy", "die-after-ready"):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"")
+            served_ok.set()
+        else:
+            self.send_response(503)
+            self.end_headers()
+
+    def log_message(self, fmt, *a):
+        print("standin: " + fmt % a, flush=True)
+
+
+def crash_later():
+    time.sleep(ready_after)
+    print("standin: ImportError: cannot import name 'StructuralTag' from 'xgrammar'", flush=True)
+    os._exit(3)
+
+
+def die_after_ready():
+    served_ok.wait()
+    time.sleep(die_after)
+    print("standin: CUDA error: an illegal memory access was encountered", flush=True)
+    os._exit(4)
+
+
+if mode == "crash":
+    threading.Thread(target=crash_later, daemon=True).start()
+if mode == "die-after-ready":
+    threading.Thread(target=die_after_ready, daemon=True).start()
+if mode == "silent":
+    while True:
+        time.sleep(3600)
+http.server.ThreadingHTTPServer((host, port), Handler).serve_forever()
