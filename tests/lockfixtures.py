@@ -1,0 +1,34 @@
+"""Shared loaders for the lock tests: the captured small real stack in tests/data/lock/."""
+
+import copy
+import json
+import tomllib
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data" / "lock"
+
+
+def spec():
+    from dflashctl import spec as specmod
+    return specmod.load(DATA / "stack.toml")
+
+
+def uv_lock() -> dict:
+    return copy.deepcopy(_UV)
+
+
+def torch_requires() -> dict[str, list[str]]:
+    return json.loads((DATA / "torch-requires.json").read_text())
+
+
+def package(uv: dict, name: str) -> dict:
+    return next(p for p in uv["package"] if p["name"] == name)
+
+
+def build(uv=None, sp=None, requires=None):
+    from dflashctl.lock import lock_from_uv
+    requires = torch_requires() if requires is None else requires
+    return lock_from_uv(uv_lock() if uv is None else uv, sp or spec(), lambda s, url: requires[s])
+
+
+_UV = tomllib.loads((DATA / "uv.lock").read_text())
