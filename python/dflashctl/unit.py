@@ -1,0 +1,137 @@
+"""`dflashctl unit --config FILE`: the systemd unit of one instance, for hosts without NixOS.
+
+The directives come from data/service-unit.json, the same file nix/module.nix reads, so the two
+units cannot drift. One unit per instance (dflash-<name>.service), as instances are one per GPU set.
+"""
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from dflashctl import config
+from dflashctl.errors import OK, DflashError
+
+UNIT_DATA = Path(__file__).with_name("data") / "service-unit.json"
+
+
+def unit_data() -> dict:
+    return json.loads(UNIT_DATA.read_text())
+
+
+def unit_name(cfg: config.InstanceConfig) -> str:
+    return f"dflash-{cfg.name}.service"
+
+
+def systemd_version() -> int | None:
+    try:
+        out = subprocess.run(["systemctl", "--version"], capture_output=True, text=True,
+                             timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.match(r"systemd (\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _section(name: str, directives: dict, why: dict) -> list[str]:
+    lines = [f"[{name}]"]
+    for key, value in directives.items():
+        if key in why:
+            lines.append(f"# {key}: {why[key]}")
+        for v in value if isinstance(value, list) else [value]:
+            lines.append(f"{key}={_value(v)}")
+    return lines
+
+
+def _exec_arg(arg: str) -> str:
+    # systemd expands % specifiers and $VARS in ExecStart: escape both, then quote like a shell.
+    return shlex.quote(arg.replace("%", "%%").replace("$", "$$"))
+
+
+def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python: str | None = None,
+           systemd: int | None = None) -> str:
+    """The unit text. `systemd`: the host's version; directives it lacks are left out."""
+    data = unit_data()
+    service = dict(data["service"])
+    argv = [dflashctl, "serve", "--config", config_path] + (["--python", python] if python else [])
+    service["ExecStart"] = " ".join(_exec_arg(a) for a in argv)
+    service["TimeoutStartSec"] = f"{cfg.start_timeout_sec + data['timeoutStartMarginSec']}s"
+    if cfg.api_key_file:
+        service["LoadCredential"] = f"{data['apiKeyCredential']}:{cfg.api_key_file}"
+    if cfg.cache_dir:
+        service["ReadWritePaths"] = cfg.cache_dir
+    dropped = [k for k, v in data["minSystemd"].items() if systemd is not None and systemd < v]
+    for key in dropped:
+        service.pop(key, None)
+    head = [f"# Rendered by `dflashctl unit` from dflashctl/data/service-unit.json for instance {cfg.name!r}.",
+            "# Settings: " + config_path]
+    if dropped:
+        head.append(f"# Left out for systemd {systemd}: " + ", ".join(dropped))
+    unit = {"Description": f"DFlash SGLang instance {cfg.name} ({cfg.model})", **data["unit"]}
+    lines = head + _section("Unit", unit, data["why"]) + [""] \
+        + _section("Service", service, data["why"]) + [""] \
+        + _section("Install", data["install"], data["why"])
+    return "\n".join(lines) + "\n"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("unit", help="render the systemd unit of one instance (hosts without NixOS)",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, metavar="FILE", help="the instance's settings JSON")
+    p.add_argument("--name", help="instance name (default: the settings' name)")
+    p.add_argument("--dflashctl", default=None, metavar="PATH",
+                   help="absolute path of dflashctl on the host (default: this one)")
+    p.add_argument("--python", metavar="PATH", help="the stack's interpreter, if not dflashctl's own")
+    p.add_argument("--config-path", metavar="PATH",
+                   help="where the settings will live on the host (default: /etc/dflash/<name>.json)")
+    p.add_argument("--systemd", type=int, metavar="VERSION",
+                   help="target systemd version (default: this host's)")
+    p.add_argument("--output", "-o", metavar="PATH", help="write the unit here instead of stdout")
+    p.set_defaults(func=run)
+
+
+def _default_dflashctl() -> str:
+    exe = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    if exe is not None and exe.name == "dflashctl" and exe.exists():
+        return str(exe)
+    found = shutil.which("dflashctl")
+    if found:
+        return found
+    raise DflashError("cannot tell where dflashctl is installed", "it is not on PATH",
+                      "pass --dflashctl /absolute/path/to/dflashctl")
+
+
+def run(args) -> int:
+    data = config.read_json(args.config)
+    if isinstance(data, dict) and args.name:
+        data = {**data, "name": args.name}
+    cfg = config.from_dict(data, origin=args.config)
+    dflashctl = args.dflashctl or _default_dflashctl()
+    if not dflashctl.startswith("/"):
+        raise DflashError(f"--dflashctl {dflashctl} is not absolute", "systemd needs a full path",
+                          "pass the absolute path, e.g. /opt/dflash/bin/dflashctl")
+    config_path = args.config_path or f"/etc/dflash/{cfg.name}.json"
+    text = render(cfg, config_path, dflashctl, args.python,
+                  args.systemd if args.systemd is not None else systemd_version())
+    name = unit_name(cfg)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    settings = json.dumps({**data, "name": cfg.name}, indent=2)
+    print(f"\nInstall on the host (as root):\n"
+          f"  install -D -m 0644 /dev/stdin {config_path} <<'JSON'\n{settings}\nJSON\n"
+          f"  install -m 0644 {args.output or name} /etc/systemd/system/{name}\n"
+          f"  dflashctl validate {config_path}\n"
+          f"  systemctl daemon-reload && systemctl enable --now {name}\n"
+          f"  journalctl -u {name} -f   # preflight, loading progress, then READY", file=sys.stderr)
+    return OK

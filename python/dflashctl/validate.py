@@ -1,0 +1,125 @@
+"""`dflashctl validate FILE`: the configuration rules, written once.
+
+FILE holds one instance's settings or {"instances": {"<name>": {...}, ...}} (what the NixOS module
+checks at build time, so `nixos-rebuild` fails before anything is deployed). Rules within one
+instance live in config.py; the rules across instances and against the installed SGLang live here.
+"""
+
+import ipaddress
+import json
+import sys
+from itertools import combinations
+
+from dflashctl import config, sglang_features
+from dflashctl.config import InstanceConfig
+from dflashctl.errors import CONFIG, OK, DflashError
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def warnings_for(cfg: InstanceConfig) -> list[str]:
+    out = []
+    if cfg.grammar_backend == "none":
+        out.append(f"instance {cfg.name!r}: grammarBackend is \"none\": requests with a JSON schema, "
+                   "regex, EBNF or tool calls with strict arguments will be refused; use \"xgrammar\" "
+                   "once the environment's xgrammar works (`dflashctl doctor`)")
+    if cfg.host in WILDCARD_HOSTS and cfg.api_key_file is None:
+        out.append(f"instance {cfg.name!r}: listens on every interface ({cfg.host}) without apiKeyFile")
+    return out
+
+
+def _hosts_clash(a: str, b: str) -> bool:
+    if a in WILDCARD_HOSTS or b in WILDCARD_HOSTS or a == b:
+        return True
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return False  # two different names: cannot tell, leave it to the bind
+
+
+def cross_rules(cfgs: list[InstanceConfig]) -> list[str]:
+    out = []
+    for a, b in combinations(cfgs, 2):
+        if a.port == b.port and _hosts_clash(a.host, b.host):
+            out.append(f"instances {a.name!r} and {b.name!r}: both use port {a.port}; give each "
+                       "instance its own port")
+        gpus_a, gpus_b = set(a.gpus), set(b.gpus)
+        shared = gpus_a & gpus_b if gpus_a and gpus_b else (gpus_a or gpus_b or {"all"})
+        if shared and not (a.allow_shared_gpus and b.allow_shared_gpus):
+            which = ("every GPU (one of them leaves gpus empty)" if not (gpus_a and gpus_b)
+                     else "GPU " + ", ".join(str(g) for g in sorted(shared)))
+            out.append(f"instances {a.name!r} and {b.name!r}: both use {which}; give them disjoint "
+                       "gpus, or set allowSharedGpus = true on both (and lower memFractionStatic)")
+    return out
+
+
+def package_rules(cfgs: list[InstanceConfig], python: str) -> list[str]:
+    """Algorithms the deployed SGLang must have (DDTREE needs a patched SGLang)."""
+    wanted = {c.speculative.algorithm for c in cfgs} - {None}
+    if not wanted:
+        return []
+    found = sglang_features.probe(python)
+    if not found.get("found"):
+        return [f"package: {python} has no sglang, but instances use speculative decoding"]
+    have = set(found.get("choices") or ())
+    if not have:
+        return []  # the source changed shape; preflight checks the algorithm again at start
+    out = []
+    for c in cfgs:
+        algo = c.speculative.algorithm
+        if algo is not None and algo not in have:
+            hint = (" DDTREE is not in any SGLang release: build the package with the DDTree patch "
+                    "(see docs/service.md)" if algo == "DDTREE" else "")
+            out.append(f"instance {c.name!r}: speculative.algorithm {algo} is not offered by the "
+                       f"package's SGLang (it offers {', '.join(sorted(have))}).{hint}")
+    return out
+
+
+def check(data, python: str | None = None) -> tuple[list[str], list[str], list[InstanceConfig]]:
+    """(errors, warnings, configs) for one instance's JSON or {"instances": {...}}."""
+    if isinstance(data, dict) and "instances" in data:
+        if set(data) != {"instances"} or not isinstance(data["instances"], dict):
+            return (['a file with "instances" must hold only {"instances": {"<name>": {...}}}'], [], [])
+        items = list(data["instances"].items())
+    else:
+        items = [(None, data)]
+    errors, cfgs = [], []
+    for name, d in items:
+        problems, kwargs = config.problems_of(d, name)
+        label = name or (d.get("name") if isinstance(d, dict) else None) or "?"
+        errors += [f"instance {label!r}: {p}" for p in problems]
+        if not problems:
+            cfgs.append(InstanceConfig(**kwargs))
+    if not errors:
+        errors += cross_rules(cfgs)
+        if python is not None:
+            errors += package_rules(cfgs, python)
+    warnings = [w for c in cfgs for w in warnings_for(c)]
+    return errors, warnings, cfgs
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("validate", help="check instance settings against every rule",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("file", help='one instance\'s JSON, or {"instances": {...}}')
+    p.add_argument("--python", metavar="PATH",
+                   help="the stack's interpreter: also check its SGLang offers each algorithm")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    data = config.read_json(args.file)
+    errors, warnings, cfgs = check(data, args.python)
+    if args.json:
+        print(json.dumps({"ok": not errors, "instances": [c.name for c in cfgs],
+                          "errors": errors, "warnings": warnings}, indent=2))
+    for w in warnings:
+        print(f"dflashctl validate: warning: {w}", file=sys.stderr)
+    if errors:
+        raise DflashError(f"{args.file} is invalid",
+                          f"{len(errors)} problem(s)\n  - " + "\n  - ".join(errors),
+                          "correct the settings above (docs/service.md lists every option)", CONFIG)
+    if not args.json:
+        print(f"{args.file}: {len(cfgs)} instance(s) valid: {', '.join(c.name for c in cfgs)}")
+    return OK
