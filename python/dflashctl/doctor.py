@@ -1,0 +1,58 @@
+"""`dflashctl doctor`: what is really installed on this host, checked against the lock.
+
+Prints one line per check (ok / warn / fail) with the one thing that fixes each problem, and exits
+errors.FAILED when any check fails. `--save FILE` keeps the fingerprint for `dflashctl diff`.
+"""
+
+import json
+import sys
+import time
+
+from dflashctl import errors, fingerprint, lockfile
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("doctor", help="check this host's stack against the lock",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--lock", default=str(lockfile.DEFAULT_LOCK), help="lock to compare with (%(default)s)")
+    p.add_argument("--python", default=sys.executable,
+                   help="the Python environment to inspect (default: the one running dflashctl)")
+    p.add_argument("--json", action="store_true", help="print the fingerprint as JSON")
+    p.add_argument("--save", metavar="FILE", help="also write the fingerprint JSON to FILE, for `diff`")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds each probe may take (%(default)s)")
+    p.set_defaults(func=run)
+
+
+def render(fp: dict) -> str:
+    """The human table: a header naming what was inspected, one row per check, a fix under problems."""
+    host, py = fp["host"], fp["python"]
+    lines = [f"dflashctl doctor: {py['executable']} (Python {py['version']}) on {host['system']}, "
+             f"glibc {host['glibc']}, kernel {host['kernel']}"]
+    width = max(len(c["name"]) for c in fp["checks"])
+    for c in fp["checks"]:
+        lines.append(f"{c['status']:<4}  {c['name']:<{width}}  {c['summary']}")
+        if c["status"] != "ok" and c["fix"]:
+            lines.append(f"{'':<4}  {'':<{width}}  fix: {c['fix']}")
+    for s in fp.get("shadowed", []):
+        lines.append(f"note: {s['name']} {s['version']} at {s['location']} is shadowed by "
+                     f"{fp['packages'].get(s['name'])} earlier on sys.path")
+    counts = {s: sum(c["status"] == s for c in fp["checks"]) for s in ("ok", "warn", "fail")}
+    lines.append(f"{counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail")
+    return "\n".join(lines) + "\n"
+
+
+def exit_code(fp: dict) -> int:
+    return errors.FAILED if any(c["status"] == "fail" for c in fp["checks"]) else errors.OK
+
+
+def run(args) -> int:
+    started = time.monotonic()
+    print(f"dflashctl doctor: probing {args.python} …", file=sys.stderr)
+    fp = fingerprint.build(args.python, args.lock, args.timeout)
+    fp["seconds"] = round(time.monotonic() - started, 2)
+    text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
+    if args.save:
+        lockfile.write_atomic(args.save, text)
+    sys.stdout.write(text if args.json else render(fp))
+    print(f"dflashctl doctor: done in {fp['seconds']:.1f} s", file=sys.stderr)
+    return exit_code(fp)

@@ -1,0 +1,156 @@
+"""A host's fingerprint: the machine, the driver, the Python environment and every probe's facts.
+
+`doctor` builds one, prints its checks and can save it; `diff` compares two saved ones. The JSON is
+the contract between them (FINGERPRINT_VERSION), so a fingerprint saved on one host today can be
+compared with one saved elsewhere tomorrow.
+"""
+
+import datetime
+import os
+import platform
+import socket
+import sys
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from dflashctl import __version__, lockfile, probes
+from dflashctl.errors import DflashError
+from dflashctl.systems import current_system
+
+FINGERPRINT_VERSION = 1
+# Installed by venv/pip themselves, never part of the stack: not reported as extra.
+TOOLING = {"pip", "setuptools", "wheel", "dflashctl"}
+
+DOCTOR_PROBES = {
+    "python": ("python", ""), "distributions": ("distributions", ""), "driver": ("driver", ""),
+    "libcuda": ("native", "libcuda.so.1"), "libnuma": ("native", "libnuma.so.1"), "torch": ("torch", ""),
+    "triton": ("triton", ""), "sgl_kernel": ("sgl_kernel", ""),
+    **{f"grammar:{b}": ("grammar", b) for b in probes.GRAMMAR_BACKENDS},
+    "flashinfer": ("flashinfer", ""), "soundfile": ("soundfile", ""), "transformers": ("transformers", ""),
+    "sglang": ("sglang", ""),
+}
+
+
+def host_facts() -> dict:
+    libc, glibc = platform.libc_ver()
+    return {"arch": platform.machine(), "system": current_system(), "kernel": platform.release(),
+            "glibc": glibc if libc == "glibc" else None, "hostname": socket.gethostname()}
+
+
+def same_version(installed: str, locked: str) -> bool:
+    """2.11.0+cu130 is the locked 2.11.0: a local label names the build, not another release."""
+    try:
+        return Version(installed).public == Version(locked).public
+    except InvalidVersion:
+        return installed == locked
+
+
+def compare_with_lock(packages: dict, lock_path: Path, python_version: str) -> dict:
+    """Installed distributions against the lock for this system: missing, extra, other version."""
+    try:
+        lock = lockfile.load(lock_path)
+        locked = lock.packages(current_system())
+    except DflashError as e:
+        return {"path": str(lock_path), "error": str(e).replace("\n  fix: ", "; ")}
+    installed = {lockfile.canonical_name(n): p["version"] for n, p in packages.items()}
+    return {
+        "path": str(lock_path), "system": current_system(), "python": lock.python,
+        "python_matches": ".".join(python_version.split(".")[:2]) == lock.python,
+        "missing": {n: w.version for n, w in sorted(locked.items()) if n not in installed},
+        "extra": {n: v for n, v in sorted(installed.items()) if n not in locked and n not in TOOLING},
+        "other_version": {n: {"locked": w.version, "installed": installed[n]}
+                          for n, w in sorted(locked.items())
+                          if n in installed and not same_version(installed[n], w.version)},
+    }
+
+
+def lock_checks(lock: dict, python_version: str) -> list[probes.Check]:
+    if "error" in lock:
+        return [probes.warn("lock", f"installed packages not compared: {lock['error']}",
+                            "pass --lock PATH to the lock of this stack")]
+    checks = []
+    if lock["python_matches"]:
+        checks.append(probes.ok("python", f"Python {python_version}, as the lock expects"))
+    else:
+        checks.append(probes.fail("python", f"Python {python_version}, but the lock is for Python {lock['python']}",
+                                  f"run the stack with Python {lock['python']} (its wheels are built for it)",
+                                  probes.errors.FAILED))
+    missing, other, extra = lock["missing"], lock["other_version"], lock["extra"]
+    counts = f"{len(missing)} missing, {len(other)} other version, {len(extra)} extra"
+    named = [f"{n} {v['installed']} (lock {v['locked']})" for n, v in other.items()] + \
+            [f"{n} missing" for n in missing]
+    if missing or other:
+        shown = ", ".join(named[:6]) + (f", … {len(named) - 6} more" if len(named) > 6 else "")
+        checks.append(probes.fail("packages", f"{counts} against {lock['path']}: {shown}",
+                                  "install the locked wheels: `dflashctl export` | pip install --no-deps -r -",
+                                  probes.errors.FAILED))
+    elif extra:
+        checks.append(probes.warn("packages", f"{counts}: {', '.join(list(extra)[:6])}",
+                                  "extra packages can shadow locked ones; remove what the stack does not use"))
+    else:
+        checks.append(probes.ok("packages", f"every package matches {lock['path']}"))
+    return checks
+
+
+def doctor_checks(results: dict, lock: dict, python_version: str) -> list[probes.Check]:
+    """Every check doctor reports, in root-cause order (the same functions serve's preflight uses)."""
+    checks = lock_checks(lock, python_version)
+    checks += [probes.check_driver(results["driver"]),
+               probes.check_native("libcuda.so.1", results["libcuda"]),
+               probes.check_native("libnuma.so.1", results["libnuma"]),
+               probes.check_torch(results["torch"]), probes.check_triton(results["triton"]),
+               probes.check_sgl_kernel(results["sgl_kernel"])]
+    # xgrammar is SGLang's default backend; the others matter only to hosts that select them.
+    checks += [probes.check_grammar(b, results[f"grammar:{b}"], required=(b == "xgrammar"))
+               for b in probes.GRAMMAR_BACKENDS]
+    checks += [probes.check_flashinfer(results["flashinfer"]), probes.check_soundfile(results["soundfile"]),
+               probes.check_transformers(results["transformers"]), probes.check_sglang(results["sglang"], None)]
+    return checks
+
+
+def build(python: str = sys.executable, lock_path: Path | str = lockfile.DEFAULT_LOCK,
+          timeout: float = 30.0) -> dict:
+    """Probe `python` and this host; the fingerprint as a JSON-ready dict."""
+    results = probes.run_probes(python, DOCTOR_PROBES, timeout)
+    py = results.pop("python")
+    if not py["ok"]:
+        raise DflashError(f"cannot inspect {python}", probes.failure_text(py),
+                          "pass --python PATH to a working Python interpreter")
+    dists = results.pop("distributions")
+    packages = dists["facts"].get("packages", {})
+    lock = compare_with_lock(packages, Path(lock_path), py["facts"]["version"])
+    checks = doctor_checks(results, lock, py["facts"]["version"])
+    return {
+        "fingerprint_version": FINGERPRINT_VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "dflashctl": __version__,
+        "host": host_facts(),
+        "python": py["facts"],
+        "packages": {n: packages[n]["version"] for n in sorted(packages)},
+        "shadowed": [s for s in dists["facts"].get("shadowed", []) if s["name"] not in TOOLING],
+        "lock": lock,
+        "probes": results,
+        "checks": [c.to_json() for c in checks],
+        "environment": {k: os.environ[k] for k in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH")
+                        if k in os.environ},
+    }
+
+
+def load(path: Path | str) -> dict:
+    """A saved fingerprint, refused with a clear reason when it is not one."""
+    import json
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DflashError(f"no fingerprint at {path}", "the file does not exist",
+                          "save one with `dflashctl doctor --save FILE`") from None
+    except (OSError, ValueError) as e:
+        raise DflashError(f"{path} is not a readable fingerprint", str(e),
+                          "save one with `dflashctl doctor --save FILE`") from None
+    if not isinstance(data, dict) or data.get("fingerprint_version") != FINGERPRINT_VERSION:
+        raise DflashError(f"{path} is not a dflashctl fingerprint (version {FINGERPRINT_VERSION})",
+                          "the field fingerprint_version is missing or different",
+                          "save it again with this dflashctl's `doctor --save FILE`")
+    return data

@@ -1,0 +1,246 @@
+"""The code each probe runs inside a child process of the Python being inspected.
+
+The parent (probes.py) runs this file's text with `python -c SOURCE PROBE [ARG]`, so the target
+Python needs neither dflashctl nor anything else installed: this file uses the standard library
+only and must stay importable on Python 3.10 (the oldest SGLang supports).
+
+A probe returns plain facts (versions, paths, error text); deciding ok/warn/fail is the parent's
+job. The result travels as one JSON object on a private copy of the original stdout; everything the
+probed libraries print, from Python or from C, is sent to stderr so it cannot corrupt the result.
+"""
+
+import ctypes
+import ctypes.util
+import importlib
+import importlib.metadata as metadata
+import json
+import os
+import sys
+import traceback
+
+# What SGLang 0.5.11 imports from each grammar backend at start-up (srt/constrained/*_backend.py).
+GRAMMAR_NAMES = {
+    "xgrammar": {"xgrammar": ["CompiledGrammar", "GrammarCompiler", "GrammarMatcher", "StructuralTag",
+                              "StructuralTagItem", "TokenizerInfo", "allocate_token_bitmask"]},
+    "llguidance": {"llguidance": ["LLMatcher", "LLTokenizer", "StructTag", "grammar_from"],
+                   "llguidance.hf": ["from_tokenizer"],
+                   "llguidance.torch": ["allocate_token_bitmask", "apply_token_bitmask_inplace",
+                                        "fill_next_token_bitmask"]},
+    "outlines": {"outlines.fsm.guide": ["RegexGuide"],
+                 "outlines.models.transformers": ["TransformerTokenizer"]},
+}
+GRAMMAR_DIST = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines": "outlines"}
+
+
+def version(dist):
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def error_text(e):
+    return f"{type(e).__name__}: {e}".strip()
+
+
+def probe_python(_, facts):
+    facts.update(version=".".join(map(str, sys.version_info[:3])), executable=sys.executable,
+                 implementation=sys.implementation.name, prefix=sys.prefix)
+
+
+def probe_distributions(_, facts):
+    """Every distribution on sys.path; the first one found per name is the one `import` uses."""
+    seen, shadowed = {}, []
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if not name:
+            continue
+        key = name.lower().replace("_", "-").replace(".", "-")
+        location = str(getattr(dist, "_path", "") or "")
+        if key in seen:
+            shadowed.append({"name": key, "version": dist.version, "location": location})
+        else:
+            seen[key] = {"version": dist.version, "location": location}
+    facts.update(packages=seen, shadowed=shadowed)
+
+
+def probe_torch(_, facts):
+    facts["version"] = version("torch")
+    import torch
+    facts.update(version=torch.__version__, cuda=torch.version.cuda,
+                 cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    facts["gpu_visible"] = bool(torch.cuda.is_available())
+    facts["gpus"] = []
+    if facts["gpu_visible"]:
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            facts["gpus"].append({"name": torch.cuda.get_device_name(i),
+                                  "compute_capability": f"{major}.{minor}"})
+
+
+def probe_triton(_, facts):
+    facts.update({"version": version("triton")})
+    import triton
+    facts["version"] = getattr(triton, "__version__", facts["version"])
+
+
+def loaded_libraries(fragment):
+    """Paths of shared objects mapped into this process whose path contains `fragment`."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if fragment in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith("/"))
+
+
+def probe_sgl_kernel(_, facts):
+    facts.update({"version": version("sglang-kernel") or version("sgl-kernel")})
+    import torch
+    cc = None
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(torch.cuda.current_device())
+        cc = f"{major}.{minor}"
+    # sgl_kernel's own rule: sm90/ on compute capability 9.0, sm100/ for everything else.
+    facts["compute_capability"] = cc
+    facts["expected_variant"] = "sm90" if cc == "9.0" else "sm100"
+    facts["torch"] = torch.__version__
+    import sgl_kernel  # the real test: loads common_ops the way SGLang will
+    ops = [p for p in loaded_libraries("common_ops") if "sgl_kernel" in p]
+    module = getattr(sgl_kernel, "common_ops", None)
+    path = getattr(module, "__file__", None) or (ops[0] if ops else None)
+    facts["common_ops"] = path
+    facts["variant"] = os.path.basename(os.path.dirname(path)) if path else None
+
+
+def probe_grammar(backend, facts):
+    facts.update({"backend": backend, "version": version(GRAMMAR_DIST[backend]), "missing_names": []})
+    for module_name, names in GRAMMAR_NAMES[backend].items():
+        module = importlib.import_module(module_name)
+        facts["missing_names"] += [f"{module_name}.{n}" for n in names if not hasattr(module, n)]
+
+
+def probe_flashinfer(_, facts):
+    facts.update({"version": version("flashinfer-python"), "cubin_version": version("flashinfer-cubin")})
+    files = []
+    try:
+        files = metadata.files("flashinfer-cubin") or []
+    except metadata.PackageNotFoundError:
+        pass
+    facts["cubins"] = sum(1 for f in files if str(f).endswith(".cubin"))
+    import flashinfer
+    facts["version"] = getattr(flashinfer, "__version__", facts["version"])
+
+
+def probe_soundfile(_, facts):
+    facts.update({"version": version("soundfile"), "cffi": version("cffi")})
+    import soundfile
+    facts["libsndfile"] = getattr(soundfile, "__libsndfile_version__", None)
+
+
+def probe_transformers(_, facts):
+    facts.update({"version": version("transformers"), "tokenizers": version("tokenizers")})
+    import transformers
+    facts["version"] = transformers.__version__
+
+
+def load_library(name):
+    """dlopen by soname as the dynamic loader would for SGLang's extensions; the path it resolved to."""
+    lib = ctypes.CDLL(name)
+    found = loaded_libraries(name.split(".so")[0] + ".so")
+    return lib, (found[0] if found else name)
+
+
+def probe_native(name, facts):
+    facts.update({"soname": name})
+    lib, facts["path"] = load_library(name)
+    if name == "libcuda.so.1":
+        v = ctypes.c_int(0)
+        rc = lib.cuDriverGetVersion(ctypes.byref(v))
+        facts["cuda_driver_api"] = f"{v.value // 1000}.{v.value % 1000 // 10}" if rc == 0 else None
+
+
+def probe_driver(_, facts):
+    """The driver and its GPUs through NVML, which needs no CUDA runtime and no torch."""
+    nvml, _path = load_library("libnvidia-ml.so.1")
+
+    def check(rc, what):
+        if rc != 0:
+            nvml.nvmlErrorString.restype = ctypes.c_char_p
+            raise RuntimeError(f"{what}: {nvml.nvmlErrorString(rc).decode()} (NVML error {rc})")
+
+    check(nvml.nvmlInit_v2(), "nvmlInit")
+    buf = ctypes.create_string_buffer(96)
+    check(nvml.nvmlSystemGetDriverVersion(buf, 96), "driver version")
+    facts.update({"version": buf.value.decode()})
+    cuda = ctypes.c_int(0)
+    check(nvml.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(cuda)), "CUDA version")
+    facts["cuda"] = f"{cuda.value // 1000}.{cuda.value % 1000 // 10}"
+    count = ctypes.c_uint(0)
+    check(nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)), "device count")
+    facts["gpus"] = []
+
+    class Memory(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    for i in range(count.value):
+        handle = ctypes.c_void_p()
+        check(nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)), f"GPU {i}")
+        check(nvml.nvmlDeviceGetName(handle, buf, 96), f"GPU {i} name")
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        check(nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)),
+              f"GPU {i} compute capability")
+        mem = Memory()
+        check(nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)), f"GPU {i} memory")
+        facts["gpus"].append({"index": i, "name": buf.value.decode(),
+                              "compute_capability": f"{major.value}.{minor.value}",
+                              "memory_mib": mem.total // 2**20})
+    nvml.nvmlShutdown()
+
+
+def probe_sglang(algorithm, facts):
+    """Import what `launch_server` imports first and read the choices its parser really accepts."""
+    import argparse
+    facts["version"] = version("sglang")
+    from sglang.srt.server_args import ServerArgs
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    choices = {a.dest: list(a.choices or []) for a in parser._actions if a.choices}
+    facts["speculative_algorithms"] = choices.get("speculative_algorithm", [])
+    facts["grammar_backends"] = choices.get("grammar_backend", [])
+    facts["algorithm"] = algorithm or None
+
+
+def probe_crash(_, facts):  # used by the tests: a native crash, as a broken extension would cause
+    os.abort()
+
+
+def probe_hang(_, facts):  # used by the tests: an import that never returns
+    import time
+    time.sleep(3600)
+
+
+def main():
+    # The result goes to a private duplicate of stdout; fd 1 becomes stderr for everything else.
+    result_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    if sys.path and sys.path[0] == "":
+        sys.path.pop(0)  # `-c` puts the working directory first; it must not shadow real packages
+    name, arg = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "")
+    facts = {}  # filled as the probe goes: what it learnt before failing is kept
+    try:
+        globals()[f"probe_{name}"](arg, facts)
+        result = {"ok": True, "facts": facts}
+    except BaseException as e:  # noqa: BLE001 - any failure is a finding, reported as such
+        tb = traceback.extract_tb(e.__traceback__)
+        result = {"ok": False, "facts": facts, "error": error_text(e),
+                  "where": f"{tb[-1].filename}:{tb[-1].lineno}" if tb else ""}
+    with os.fdopen(result_fd, "w") as out:
+        out.write(json.dumps(result, default=str))
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown: some native libraries crash or hang at exit
+
+
+if __name__ == "__main__":
+    main()

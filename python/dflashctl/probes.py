@@ -1,0 +1,307 @@
+"""Probes of a Python environment, each in its own child process: what `doctor` and `serve` check.
+
+A probe that imports native code can crash (abort, segfault) or hang (a driver call that never
+returns); run in a child of the *target* Python with a timeout, either becomes a failing Check with
+the tail of the child's stderr, never the end of the parent. The children run in parallel, so the
+whole set costs about as long as the slowest import (`import torch`), not the sum.
+
+`run_probes` returns raw facts (probe_child.py gathers them); the `check_*` functions below turn
+them into Checks: status, one-line summary, one-line fix, and the exit code `serve` exits with.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dflashctl import errors
+
+CHILD_SOURCE = (Path(__file__).with_name("probe_child.py")).read_text()
+MIN_DRIVER = 580  # CUDA 13.0 needs a driver >= 580 (CUDA 13.0 release notes, Linux)
+CUDA_LINE = "13"  # torch 2.11.0 from the index is the CUDA 13.0 build; sgl_kernel links *.so.13
+STDERR_TAIL_LINES = 12
+LOCKED = "install the locked wheel"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # 'ok' | 'warn' | 'fail'
+    summary: str
+    fix: str = ""
+    exit_code: int = 0  # an errors.PREFLIGHT_* code (or errors.FAILED) when status is 'fail'
+    details: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def ok(name, summary, **details) -> Check:
+    return Check(name, "ok", summary, details=details)
+
+
+def warn(name, summary, fix, **details) -> Check:
+    return Check(name, "warn", summary, fix, 0, details)
+
+
+def fail(name, summary, fix, code, **details) -> Check:
+    return Check(name, "fail", summary, fix, code, details)
+
+
+def first_failure(checks) -> Check | None:
+    return next((c for c in checks if c.status == "fail"), None)
+
+
+# ---------------------------------------------------------------------------------------- runner
+
+def run_probe(python: str, probe: str, arg: str = "", timeout: float = 20.0) -> dict:
+    """Run one probe in a child of `python`; always returns a result, whatever the child did."""
+    started = time.monotonic()
+    result = {"probe": probe, "arg": arg, "ok": False, "facts": {}}
+    try:
+        # Own session: a timeout kills the probe and anything it started, nothing of ours.
+        child = subprocess.Popen([python, "-c", CHILD_SOURCE, probe, arg], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as e:
+        result["error"] = f"cannot run {python}: {e.strerror or e}"
+        return result
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        out, err = child.communicate()
+        result["error"] = f"timed out after {timeout:g} s (killed)"
+        result["timed_out"] = True
+    result["seconds"] = round(time.monotonic() - started, 2)
+    result["returncode"] = child.returncode
+    tail = err.decode(errors="replace").strip().splitlines()[-STDERR_TAIL_LINES:]
+    if out.strip():
+        try:
+            result.update(json.loads(out))
+        except ValueError:
+            result["error"] = "the probe wrote an unreadable result"
+    if child.returncode and "error" not in result:
+        result["error"] = describe_exit(child.returncode)
+    if not result["ok"] and tail:
+        result["stderr_tail"] = tail
+    return result
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"crashed: killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"crashed: killed by signal {-code}"
+    return f"exited with status {code} before reporting"
+
+
+def run_probes(python: str, wanted: dict[str, tuple[str, str]], timeout: float = 20.0) -> dict[str, dict]:
+    """Run probes in parallel: {key: (probe, arg)} -> {key: result}."""
+    workers = max(2, min(len(wanted), (os.cpu_count() or 2)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {key: pool.submit(run_probe, python, probe, arg, timeout)
+                   for key, (probe, arg) in wanted.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+def failure_text(r: dict) -> str:
+    """The error in one line: the exception, or how the child died."""
+    error = r.get("error") or "unknown failure"
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    # sgl_kernel's CRITICAL message is a page long: keep its first line and its last detail.
+    return lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+
+
+def not_installed(r: dict) -> bool:
+    return "ModuleNotFoundError" in (r.get("error") or "") and not r["facts"].get("version")
+
+
+def evidence(r: dict) -> dict:
+    keep = {k: r[k] for k in ("error", "where", "returncode", "stderr_tail", "timed_out") if k in r}
+    return {**r.get("facts", {}), **keep}
+
+
+# ---------------------------------------------------------------------------------------- checks
+
+def check_driver(r: dict) -> Check:
+    f, code = r["facts"], errors.PREFLIGHT_DRIVER
+    fix = f"install NVIDIA driver >= {MIN_DRIVER} (CUDA 13)"
+    if not r["ok"]:
+        if "libnvidia-ml" in (r.get("error") or "") and "cannot open" in r.get("error", ""):
+            return fail("driver", "no NVIDIA driver on this host (libnvidia-ml.so.1 not found)", fix, code,
+                        **evidence(r))
+        return fail("driver", f"NVML failed: {failure_text(r)}", fix, code, **evidence(r))
+    major = int(f["version"].split(".")[0])
+    gpus = ", ".join(f"{g['name']} ({g['compute_capability']}, {g['memory_mib']} MiB)" for g in f["gpus"])
+    summary = f"driver {f['version']} (CUDA {f['cuda']}), {len(f['gpus'])} GPU: {gpus or 'none'}"
+    if major < MIN_DRIVER or int(f["cuda"].split(".")[0]) < int(CUDA_LINE):
+        return fail("driver", f"driver too old for CUDA 13: {summary}",
+                    f"driver too old for CUDA 13: need >= {MIN_DRIVER}", code, **evidence(r))
+    if not f["gpus"]:
+        return fail("driver", summary, "check that the GPUs are visible (nvidia-smi)", code, **evidence(r))
+    return ok("driver", summary, **evidence(r))
+
+
+def check_torch(r: dict) -> Check:
+    f, code = r["facts"], errors.PREFLIGHT_TORCH
+    fix = f"{LOCKED}: torch 2.11.0, the CUDA 13.0 build"
+    if not r["ok"]:
+        what = "torch is not installed" if not_installed(r) else f"torch does not import: {failure_text(r)}"
+        return fail("torch", what, fix, code, **evidence(r))
+    build = f"torch {f['version']} (CUDA {f['cuda'] or 'none: CPU-only build'}, C++11 ABI {f['cxx11_abi']})"
+    if not f["cuda"] or f["cuda"].split(".")[0] != CUDA_LINE:
+        return fail("torch", f"{build}: not a CUDA {CUDA_LINE}.x build", fix, code, **evidence(r))
+    if not f["gpu_visible"]:
+        return fail("torch", f"{build}: no GPU visible to torch",
+                    "check the driver and CUDA_VISIBLE_DEVICES; run nvidia-smi", code, **evidence(r))
+    gpus = ", ".join(f"{g['name']} ({g['compute_capability']})" for g in f["gpus"])
+    return ok("torch", f"{build}, GPU: {gpus}", **evidence(r))
+
+
+def check_triton(r: dict) -> Check:
+    if not r["ok"]:
+        what = "triton is not installed" if not_installed(r) else f"triton does not import: {failure_text(r)}"
+        return fail("triton", what, f"{LOCKED}: triton 3.6.0 (the one torch 2.11.0 pins)", errors.FAILED,
+                    **evidence(r))
+    return ok("triton", f"triton {r['facts']['version']}", **evidence(r))
+
+
+def check_sgl_kernel(r: dict) -> Check:
+    f, code = r["facts"], errors.PREFLIGHT_KERNEL
+    fix = f"{LOCKED}: sglang-kernel 0.4.2, built for torch 2.11.0 + CUDA 13"
+    if not r["ok"]:
+        if not_installed(r) and "sgl_kernel" in r.get("error", ""):
+            return fail("sgl_kernel", "sgl_kernel (sglang-kernel) is not installed", fix, code, **evidence(r))
+        where = f" on compute capability {f['compute_capability']}" if f.get("compute_capability") else ""
+        return fail("sgl_kernel", f"sglang-kernel {f.get('version')} common_ops does not load{where}: "
+                    f"{failure_text(r)}", fix, code, **evidence(r))
+    summary = f"sglang-kernel {f['version']}: {f['variant']}/common_ops loads (torch {f['torch']})"
+    if f["variant"] != f["expected_variant"]:
+        return warn("sgl_kernel", f"{summary}, but {f['expected_variant']}/ was expected for compute "
+                    f"capability {f['compute_capability']}", fix, **evidence(r))
+    return ok("sgl_kernel", summary, **evidence(r))
+
+
+def check_grammar(backend: str, r: dict | None, required: bool = True) -> Check:
+    name = f"grammar:{backend}"
+    if backend == "none":
+        return warn(name, "grammar backend 'none': JSON-schema, regex and tool-call constraints are refused",
+                    "install the locked xgrammar and use --grammar-backend xgrammar")
+    f = r["facts"]
+    fix = f"{LOCKED}: the {backend} version the lock pins"
+    report = fail if required else (lambda n, s, fx, _code, **d: warn(n, s, fx, **d))
+    if not r["ok"]:
+        what = (f"{backend} is not installed" if not_installed(r)
+                else f"{backend} {f.get('version') or ''} does not import: {failure_text(r)}".replace("  ", " "))
+        if not required:
+            what += f" (needed only for --grammar-backend {backend})"
+        return report(name, what, fix, errors.PREFLIGHT_GRAMMAR, **evidence(r))
+    if f["missing_names"]:
+        missing = ", ".join(n.rsplit(".", 1)[1] for n in f["missing_names"])
+        return report(name, f"{backend} {f['version']} lacks {missing} (SGLang imports them)", fix,
+                      errors.PREFLIGHT_GRAMMAR, **evidence(r))
+    return ok(name, f"{backend} {f['version']}: every name SGLang imports is present", **evidence(r))
+
+
+def check_soundfile(r: dict) -> Check:
+    fix = f"{LOCKED}: soundfile 0.13.1 and cffi (SGLang's OpenAI routes import soundfile at start)"
+    if not r["ok"]:
+        what = ("soundfile is not installed" if not_installed(r) and "soundfile" in r.get("error", "")
+                else f"soundfile does not import: {failure_text(r)}")
+        return fail("soundfile", what, fix, errors.PREFLIGHT_SOUNDFILE, **evidence(r))
+    f = r["facts"]
+    return ok("soundfile", f"soundfile {f['version']}, libsndfile {f['libsndfile']}", **evidence(r))
+
+
+NATIVE_FIX = {"libnuma.so.1": "install libnuma (Debian/Ubuntu: apt install libnuma1; Nix: numactl)",
+              "libcuda.so.1": f"install the NVIDIA driver >= {MIN_DRIVER}; libcuda.so.1 comes with it"}
+
+
+def check_native(soname: str, r: dict) -> Check:
+    name = soname.split(".so")[0]
+    if not r["ok"]:
+        return fail(name, f"{soname} does not load: {failure_text(r)}", NATIVE_FIX[soname],
+                    errors.PREFLIGHT_NATIVE, **evidence(r))
+    extra = f" (CUDA driver API {r['facts']['cuda_driver_api']})" if r["facts"].get("cuda_driver_api") else ""
+    return ok(name, f"{soname} -> {r['facts']['path']}{extra}", **evidence(r))
+
+
+def check_sglang(r: dict, algorithm: str | None) -> Check:
+    f, code = r["facts"], errors.PREFLIGHT_SGLANG
+    fix = f"{LOCKED}: sglang 0.5.11"
+    if not r["ok"]:
+        what = "sglang is not installed" if not_installed(r) else f"sglang does not import: {failure_text(r)}"
+        return fail("sglang", what, fix, code, **evidence(r))
+    known = f["speculative_algorithms"]
+    if algorithm and algorithm.upper() not in known:
+        return fail("sglang", f"sglang {f['version']} does not know --speculative-algorithm {algorithm} "
+                    f"(it takes {', '.join(known)})",
+                    "use a patched SGLang that adds it (see the flake's sglang overrides) or another algorithm",
+                    code, **evidence(r))
+    algo = f", --speculative-algorithm {algorithm.upper()} known" if algorithm else ""
+    return ok("sglang", f"sglang {f['version']}: server_args imports{algo}", **evidence(r))
+
+
+def check_flashinfer(r: dict) -> Check:
+    f = r["facts"]
+    fix = f"{LOCKED}: flashinfer-python and flashinfer-cubin"
+    if not r["ok"]:
+        if not_installed(r):
+            return warn("flashinfer", "flashinfer is not installed (only --attention-backend triton works)",
+                        fix, **evidence(r))
+        return fail("flashinfer", f"flashinfer {f.get('version')} does not import: {failure_text(r)}", fix,
+                    errors.FAILED, **evidence(r))
+    if not f["cubins"]:
+        return warn("flashinfer", f"flashinfer {f['version']}: no flashinfer-cubin cubins, kernels compile "
+                    "at first use (a silent pause of a minute or more)", fix, **evidence(r))
+    return ok("flashinfer", f"flashinfer {f['version']}, {f['cubins']} cubins from flashinfer-cubin "
+              f"{f['cubin_version']}", **evidence(r))
+
+
+def check_transformers(r: dict) -> Check:
+    f = r["facts"]
+    if not r["ok"]:
+        what = ("transformers is not installed" if not_installed(r)
+                else f"transformers does not import: {failure_text(r)}")
+        return fail("transformers", what, f"{LOCKED}: transformers 5.6.0", errors.FAILED, **evidence(r))
+    return ok("transformers", f"transformers {f['version']} (tokenizers {f['tokenizers']})", **evidence(r))
+
+
+# ------------------------------------------------------------------------------- sets of probes
+
+GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines")
+
+
+def preflight_probes(grammar_backend: str, algorithm: str | None) -> dict[str, tuple[str, str]]:
+    wanted = {"driver": ("driver", ""), "libcuda": ("native", "libcuda.so.1"),
+              "libnuma": ("native", "libnuma.so.1"), "torch": ("torch", ""), "sgl_kernel": ("sgl_kernel", ""),
+              "soundfile": ("soundfile", ""), "sglang": ("sglang", algorithm or "")}
+    if grammar_backend != "none":
+        wanted[f"grammar:{grammar_backend}"] = ("grammar", grammar_backend)
+    return wanted
+
+
+def preflight_checks(results: dict, grammar_backend: str, algorithm: str | None) -> list[Check]:
+    """In root-cause order: the driver before torch, torch before what is built on it."""
+    grammar = f"grammar:{grammar_backend}"
+    return [check_driver(results["driver"]), check_native("libcuda.so.1", results["libcuda"]),
+            check_native("libnuma.so.1", results["libnuma"]), check_torch(results["torch"]),
+            check_sgl_kernel(results["sgl_kernel"]),
+            check_grammar(grammar_backend, results.get(grammar)), check_soundfile(results["soundfile"]),
+            check_sglang(results["sglang"], algorithm)]
+
+
+def preflight(grammar_backend: str, speculative_algorithm: str | None, python: str = sys.executable,
+              timeout: float = 20.0) -> list[Check]:
+    """What `serve` checks before it starts SGLang: each failure is one that would kill it later."""
+    if grammar_backend not in (*GRAMMAR_BACKENDS, "none"):
+        raise errors.DflashError(f"unknown grammar backend {grammar_backend!r}", "",
+                                 f"use one of {', '.join(GRAMMAR_BACKENDS)}, none", errors.CONFIG)
+    results = run_probes(python, preflight_probes(grammar_backend, speculative_algorithm), timeout)
+    return preflight_checks(results, grammar_backend, speculative_algorithm)
