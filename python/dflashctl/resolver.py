@@ -62,6 +62,7 @@ class Ticker:
 
     def __init__(self, label: str, quiet: bool = False):
         self.label, self.quiet, self.start = label, quiet, time.monotonic()
+        self.failed = False  # set by the caller when the work failed without raising
         self._stop = threading.Event()
         self._tty = sys.stderr.isatty()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -83,7 +84,7 @@ class Ticker:
         self._stop.set()
         if not self.quiet:
             self._thread.join()
-            state = "failed" if exc[0] else "done"
+            state = "failed" if exc[0] or self.failed else "done"
             print(f"{self.label}: {state} in {time.monotonic() - self.start:.1f} s" + " " * 10,
                   file=sys.stderr, flush=True)
 
@@ -95,20 +96,26 @@ def run_uv_lock(spec: Spec, quiet: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="dflash-lock-") as tmp:
         Path(tmp, "pyproject.toml").write_text(project_toml(spec))
         label = f"resolving {len(spec.requirements)} requirements for {', '.join(spec.systems)} with uv"
-        with Ticker(label, quiet):
+        with Ticker(label, quiet) as ticker:
             proc = subprocess.run([uv, "lock", "--python", sys.executable, "--directory", tmp],
                                   env=env, capture_output=True, text=True)
+            ticker.failed = proc.returncode != 0
         if proc.returncode != 0:
             raise uv_failure(proc.stderr)
         return tomllib.loads(Path(tmp, "uv.lock").read_text())
 
 
 def uv_failure(stderr: str) -> DflashError:
+    # Drop uv's chatter and its hint about the interpreter it ran on (the targets are the markers).
     lines = [line.strip() for line in stderr.splitlines() if line.strip()
-             and not line.startswith(("Using CPython", "Resolved"))]
-    text = " ".join(lines)[-1500:] or "uv exited without a message"
+             and not line.startswith(("Using CPython", "Resolved", "hint: While the active Python"))]
+    text = "; ".join(lines)[-1500:] or "uv exited without a message"
     lowered = text.lower()
-    if "no solution found" in lowered or "unsatisfiable" in lowered:
+    if "compatible wheels" in lowered:
+        what = "a required package has no wheel for one of the systems"
+        fix = ("pin a version that has wheels for every system in nix/stack.toml, or drop the system "
+               "from `systems`")
+    elif "no solution found" in lowered or "unsatisfiable" in lowered:
         fix = "change the pins in nix/stack.toml (or move exclude-newer) so that they agree"
         what = "the requirements in nix/stack.toml cannot be satisfied"
     elif any(s in lowered for s in ("network", "connect", "dns", "timed out", "timeout", "tls",
