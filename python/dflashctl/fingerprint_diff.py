@@ -1,0 +1,155 @@
+"""`dflashctl diff A.json B.json`: how two hosts' saved fingerprints differ, what breaks first.
+
+Differences come in three groups: ABI-breaking ones (a wheel built against one of these will not
+load against the other: torch's CUDA line, the kernel package versus torch, the driver, the names
+SGLang imports from the grammar backend), then package versions, then everything else. Exit
+errors.FAILED when an ABI-breaking difference exists.
+"""
+
+import json
+import sys
+
+from dflashctl import errors, fingerprint
+
+ABI, VERSION, OTHER = "abi", "version", "other"
+
+
+def dig(fp: dict, path: str):
+    """fp['probes']['torch']['facts']['cuda'] as dig(fp, 'probes.torch.facts.cuda'); None if absent."""
+    node = fp
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def facts(probe: str, key: str) -> str:
+    return f"probes.{probe}.facts.{key}"
+
+
+def kernel_load(fp: dict) -> str | None:
+    """Which common_ops variant loads, or the error: the kernel package versus this torch."""
+    r = dig(fp, "probes.sgl_kernel") or {}
+    if not r:
+        return None
+    return r["facts"].get("variant") if r.get("ok") else f"fails: {r.get('error', '').splitlines()[0][:120]}"
+
+
+def driver_major(fp: dict) -> str | None:
+    v = dig(fp, facts("driver", "version"))
+    return v.split(".")[0] if v else None
+
+
+def cuda_line(fp: dict) -> str | None:
+    v = dig(fp, facts("torch", "cuda"))
+    return v.split(".")[0] if v else None
+
+
+def python_minor(fp: dict) -> str | None:
+    v = dig(fp, "python.version")
+    return ".".join(v.split(".")[:2]) if v else None
+
+
+# (label, how to read it) in the order a reader should look at them.
+ABI_ITEMS = [
+    ("architecture", lambda fp: dig(fp, "host.arch")),
+    ("Python minor version (wheel tags)", python_minor),
+    ("torch CUDA line", cuda_line),
+    ("torch version", lambda fp: dig(fp, facts("torch", "version"))),
+    ("torch C++11 ABI", lambda fp: dig(fp, facts("torch", "cxx11_abi"))),
+    ("sglang-kernel version", lambda fp: dig(fp, facts("sgl_kernel", "version"))),
+    ("sgl_kernel common_ops against torch", kernel_load),
+    ("NVIDIA driver branch", driver_major),
+    ("driver CUDA version", lambda fp: dig(fp, facts("driver", "cuda"))),
+    ("triton version (pinned by torch)", lambda fp: dig(fp, facts("triton", "version"))),
+    *[(f"{b} names SGLang imports, missing", (lambda b: lambda fp: _missing(fp, b))(b))
+      for b in ("xgrammar", "llguidance", "outlines")],
+]
+OTHER_ITEMS = [
+    ("glibc", lambda fp: dig(fp, "host.glibc")),
+    ("kernel", lambda fp: dig(fp, "host.kernel")),
+    ("hostname", lambda fp: dig(fp, "host.hostname")),
+    ("Python", lambda fp: dig(fp, "python.version")),
+    ("driver version", lambda fp: dig(fp, facts("driver", "version"))),
+    ("GPUs", lambda fp: _gpus(fp)),
+    ("torch sees a GPU", lambda fp: dig(fp, facts("torch", "gpu_visible"))),
+    ("libsndfile", lambda fp: dig(fp, facts("soundfile", "libsndfile"))),
+    ("flashinfer cubins", lambda fp: dig(fp, facts("flashinfer", "cubins"))),
+    ("lock compared with", lambda fp: dig(fp, "lock.path")),
+]
+
+
+def _missing(fp: dict, backend: str):
+    r = dig(fp, f"probes.grammar:{backend}") or {}
+    if not r:
+        return None
+    if not r.get("ok"):
+        return "does not import"
+    return ", ".join(n.rsplit(".", 1)[1] for n in r["facts"]["missing_names"]) or "none"
+
+
+def _gpus(fp: dict):
+    gpus = dig(fp, facts("driver", "gpus"))
+    return "; ".join(f"{g['name']} {g['compute_capability']} {g['memory_mib']} MiB" for g in gpus) if gpus else None
+
+
+def differences(a: dict, b: dict) -> list[dict]:
+    """Every difference as {group, item, a, b}, ABI-breaking first, then versions, then the rest."""
+    rows = []
+    for group, items in ((ABI, ABI_ITEMS), (OTHER, OTHER_ITEMS)):
+        for label, read in items:
+            va, vb = read(a), read(b)
+            if va != vb:
+                rows.append({"group": group, "item": label, "a": va, "b": vb})
+    pa, pb = a.get("packages", {}), b.get("packages", {})
+    versions = [{"group": VERSION, "item": n, "a": pa.get(n), "b": pb.get(n)}
+                for n in sorted(set(pa) | set(pb)) if pa.get(n) != pb.get(n)]
+    checks_a = {c["name"]: c["status"] for c in a.get("checks", [])}
+    checks_b = {c["name"]: c["status"] for c in b.get("checks", [])}
+    statuses = [{"group": OTHER, "item": f"check {n}", "a": checks_a.get(n), "b": checks_b.get(n)}
+                for n in sorted(set(checks_a) | set(checks_b)) if checks_a.get(n) != checks_b.get(n)]
+    abi = [r for r in rows if r["group"] == ABI]
+    return abi + versions + [r for r in rows if r["group"] == OTHER] + statuses
+
+
+def shown(value) -> str:
+    return "—" if value is None else str(value)
+
+
+def render(rows: list[dict], name_a: str, name_b: str) -> str:
+    if not rows:
+        return f"no differences between {name_a} and {name_b}\n"
+    titles = {ABI: "ABI-breaking", VERSION: "versions", OTHER: "other"}
+    wi = max(len(r["item"]) for r in rows)
+    wa = max(len(name_a), *(len(shown(r["a"])) for r in rows))
+    lines = []
+    for group in (ABI, VERSION, OTHER):
+        part = [r for r in rows if r["group"] == group]
+        if not part:
+            continue
+        lines += ["" if lines else None, f"{titles[group]} ({len(part)})",
+                  f"  {'':<{wi}}  {name_a:<{wa}}  {name_b}"]
+        lines += [f"  {r['item']:<{wi}}  {shown(r['a']):<{wa}}  {shown(r['b'])}" for r in part]
+    return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("diff", help="compare two fingerprints saved by `doctor --save`",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("a", metavar="A.json")
+    p.add_argument("b", metavar="B.json")
+    p.add_argument("--json", action="store_true", help="print the differences as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    a, b = fingerprint.load(args.a), fingerprint.load(args.b)
+    rows = differences(a, b)
+    abi = any(r["group"] == ABI for r in rows)
+    if args.json:
+        sys.stdout.write(json.dumps({"a": args.a, "b": args.b, "abi_breaking": abi, "differences": rows},
+                                    indent=2, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(render(rows, args.a, args.b))
+    return errors.FAILED if abi else errors.OK
