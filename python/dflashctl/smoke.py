@@ -1,0 +1,297 @@
+"""`dflashctl smoke`: prove that this host serves DFlash (and DDTree where SGLang has it), and how fast.
+
+With no arguments: writes a tiny synthetic model pair (random weights, no tokenizer, nothing
+downloaded), starts SGLang for plain decoding, DFLASH and, where the installed SGLang accepts it,
+DDTREE -- through the same settings -> argv -> child-process path as `dflashctl serve` -- and
+measures each with the same prompts. `--model/--draft-model` does the same for a real pair;
+`--url` measures a service that already runs. docs/smoke.md explains the choices.
+"""
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dflashctl import loadgen, sglang_features, synthetic
+from dflashctl.errors import FAILED, PREFLIGHT_SGLANG, USAGE, DflashError
+from dflashctl.smoke_report import RunResult, summarise, table
+from dflashctl.smoke_servers import SPECULATIVE, say, start_server, stop_all, wait_all, watch_all
+# /server_info fields kept in the result (the whole answer holds every server argument).
+SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculative_draft_model_path",
+                    "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",
+                    "speculative_draft_attention_backend", "cuda_graph_max_bs", "cuda_graph_bs",
+                    "disable_cuda_graph", "disable_piecewise_cuda_graph", "mem_fraction_static",
+                    "max_running_requests", "skip_tokenizer_init", "load_format", "tp_size")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("smoke", help="prove that SGLang serves DFlash here, and how fast",
+                              description=__doc__.splitlines()[0])
+    what = p.add_argument_group("what to test (default: a synthetic pair started here)")
+    what.add_argument("--model", help="target model (repo id or directory); needs --draft-model")
+    what.add_argument("--draft-model", help="DFlash drafter for --model, e.g. z-lab/Qwen3-8B-DFlash-b16")
+    what.add_argument("--url", help="measure the service already running at URL instead of starting one")
+    what.add_argument("--baseline-url", help="with --url: a plain-decoding service to compare against")
+    what.add_argument("--api-key-file", help="with --url: file holding the service's API key")
+    what.add_argument("--runs", default="auto",
+                      help="comma list of baseline, DFLASH, DDTREE (default auto: baseline and DFLASH, "
+                           "plus DDTREE when the installed SGLang accepts it)")
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument("--num-draft-tokens", type=int,
+                      help="DFlash block size (default 16 for the synthetic pair, the drafter's own otherwise)")
+    spec.add_argument("--ddtree-budget", type=int, help="DDTREE tree budget (default: SGLang's)")
+    spec.add_argument("--attention-backend",
+                      help="attention backend of target and drafter (default triton for the synthetic "
+                           "pair: no kernel download or JIT; SGLang's choice otherwise)")
+    load = p.add_argument_group("load")
+    load.add_argument("--requests", type=int, default=8, help="prompts sent at once in the concurrent phase (8)")
+    load.add_argument("--sequential-requests", type=int, default=4,
+                      help="prompts sent one at a time in the sequential phase (4)")
+    load.add_argument("--max-new-tokens", type=int, default=256, help="tokens decoded per request (256)")
+    load.add_argument("--input-len", type=int, default=32, help="token ids per synthetic prompt (32)")
+    load.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts (0)")
+    load.add_argument("--request-timeout", type=float, default=300, help="seconds per request (300)")
+    start = p.add_argument_group("server start (start-up time; docs/smoke.md)")
+    start.add_argument("--launch", choices=("together", "sequential"),
+                       help="together: start every server at once on the GPU and measure them in turn "
+                            "(default for the synthetic pair); sequential: one server at a time "
+                            "(default for --model)")
+    start.add_argument("--mem-fraction-static", type=float,
+                       help="per server (default 0.25 together, 0.5 sequential for the synthetic pair)")
+    start.add_argument("--cuda-graph-max-bs", type=int,
+                       help="largest CUDA-graph batch (default 8 for the synthetic pair = --requests)")
+    start.add_argument("--cuda-graph-bs", help="explicit CUDA-graph batch sizes, e.g. 1,8 (SGLang's --cuda-graph-bs)")
+    start.add_argument("--piecewise-cuda-graph", action="store_true",
+                       help="keep SGLang's piecewise prefill graphs (off for the synthetic pair: ~8 s of "
+                            "capture that 32-token prompts do not need)")
+    start.add_argument("--no-cuda-graph", action="store_true", help="no CUDA graphs at all")
+    start.add_argument("--triton-cache", metavar="DIR|none",
+                       help="TRITON_CACHE_DIR shared by all servers (default "
+                            "$XDG_CACHE_HOME/dflashctl/triton; none: leave the variable alone)")
+    start.add_argument("--gpu", type=int, help="GPU index for the servers (default: CUDA_VISIBLE_DEVICES as is)")
+    start.add_argument("--python", default=sys.executable, help="interpreter that has SGLang (default: this one)")
+    start.add_argument("--start-timeout", type=float, default=600, help="seconds a server may take to be ready (600)")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", metavar="FILE|-", help="write the full result as JSON to FILE; '-' prints it "
+                                                      "on stdout and moves the table to stderr")
+    out.add_argument("--work-dir", help="keep models and server logs here (default: a temp dir, removed)")
+    out.add_argument("--record", metavar="DIR", help="save every response in DIR (replayable by the tests)")
+    p.set_defaults(func=run)
+
+
+# --- plan -------------------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    runs: list[str]  # "baseline", "DFLASH", "DDTREE"
+    synthetic: bool
+    launch: str
+    prompts: list  # token-id lists or texts
+    settings: dict
+
+
+def _usage(what: str, fix: str) -> DflashError:
+    return DflashError(what, "", fix, USAGE)
+
+
+def _check_args(a) -> None:
+    if a.url:
+        if a.model or a.draft_model:
+            raise _usage("--url and --model cannot be combined", "measure a running service with --url, "
+                         "or start one here with --model/--draft-model")
+    elif bool(a.model) != bool(a.draft_model) and not (a.model and a.runs == "baseline"):
+        raise _usage("--model and --draft-model go together",
+                     "name both the target and its DFlash drafter, e.g. --model Qwen/Qwen3-8B "
+                     "--draft-model z-lab/Qwen3-8B-DFlash-b16")
+    if a.baseline_url and not a.url:
+        raise _usage("--baseline-url needs --url", "pass the speculative service's --url too")
+    for name in ("requests", "sequential_requests", "max_new_tokens", "input_len"):
+        if getattr(a, name) < (0 if name == "sequential_requests" else 1):
+            raise _usage(f"--{name.replace('_', '-')} {getattr(a, name)} is too small", "use a positive number")
+
+
+def _select_runs(wanted: str, accepted: set[str]) -> list[str]:
+    if wanted == "auto":
+        runs = ["baseline", "DFLASH"] + (["DDTREE"] if "DDTREE" in accepted else [])
+    else:
+        runs = []
+        for w in (x.strip() for x in wanted.split(",") if x.strip()):
+            name = "baseline" if w.lower() == "baseline" else w.upper()
+            if name not in ("baseline", *SPECULATIVE):
+                raise _usage(f"--runs: unknown run {w!r}", "use baseline, DFLASH and/or DDTREE")
+            runs.append(name)
+    missing = [r for r in runs if r in SPECULATIVE and r not in accepted]
+    if missing:
+        raise DflashError(f"the installed SGLang does not accept --speculative-algorithm {', '.join(missing)}",
+                          f"it accepts {', '.join(sorted(accepted)) or 'nothing (is SGLang installed?)'}",
+                          "DDTREE needs a patched SGLang (docs/smoke.md); drop it from --runs", PREFLIGHT_SGLANG)
+    return runs
+
+
+# --- measuring --------------------------------------------------------------------------------------
+
+def measure(run: str, algorithm: str | None, ep: loadgen.Endpoint, plan: Plan, a, watch,
+            startup_s: float | None = None, log: str | None = None) -> RunResult:
+    result = RunResult(run, algorithm, ep.base_url, startup_s=startup_s, log=log)
+    recordings: list | None = [] if a.record else None
+    bodies = [loadgen.payload(p, a.max_new_tokens) for p in plan.prompts]
+    say(f"{run}: warm-up request")
+    warm = loadgen.run_phase(ep, f"{run} warm-up", [loadgen.payload(plan.prompts[0], 8)], 1,
+                             a.request_timeout, watch, say)
+    if warm.requests[0].error:
+        say(f"{run}: warm-up failed: {warm.requests[0].error}")
+    if a.sequential_requests:
+        seq = loadgen.run_phase(ep, f"{run} sequential", bodies[:a.sequential_requests], 1,
+                                a.request_timeout, watch, say, recordings)
+        seq.name = "sequential"
+        result.phases.append(seq)
+    conc = loadgen.run_phase(ep, f"{run} concurrent", bodies, len(bodies), a.request_timeout, watch, say,
+                             recordings)
+    conc.name = "concurrent"
+    result.phases.append(conc)
+    info = loadgen.get_json(ep, "/server_info")
+    result.server_info = {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
+    states = info.get("internal_states") or [{}]
+    result.server_info["avg_spec_accept_length"] = (states[0] or {}).get("avg_spec_accept_length")
+    if a.record:
+        _record(Path(a.record) / f"{run}.json", plan, info, recordings)
+    return result
+
+
+def _record(path: Path, plan: Plan, server_info: dict, recordings: list) -> None:
+    """Each distinct request once (sequential and concurrent send the same prompts)."""
+    seen, generate = set(), []
+    for rec in recordings:
+        key = json.dumps(rec.request, sort_keys=True)
+        if key not in seen and rec.final is not None:
+            seen.add(key)
+            generate.append(asdict(rec))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"settings": plan.settings, "server_info": server_info,
+                                "generate": generate}, indent=1) + "\n")
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+def run(a) -> int:
+    _check_args(a)
+    t0 = time.monotonic()
+    phases: dict[str, float] = {}
+    work, ok = None, False
+    try:
+        if a.url:
+            results, plan = _run_url(a, phases)
+        else:
+            work = Path(a.work_dir).resolve() if a.work_dir else Path(tempfile.mkdtemp(prefix="dflash-smoke-"))
+            results, plan = _run_local(a, phases, t0, work)
+        phases["total"] = time.monotonic() - t0
+        result = summarise(results, plan.settings, phases, plan.synthetic)
+        text = table(result)
+        if a.json == "-":
+            print(text, file=sys.stderr)
+            print(json.dumps(result, indent=2))
+        else:
+            print(text)
+            if a.json:
+                Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
+                say(f"result written to {a.json}")
+        ok = result["ok"]
+        return 0 if ok else FAILED
+    finally:
+        if work is not None and not a.work_dir:
+            if ok:
+                shutil.rmtree(work, ignore_errors=True)
+            else:
+                say(f"kept {work} (models, server logs) for a look")
+
+
+def _settings(a, plan_runs, synthetic_pair, launch, prompt_kind) -> dict:
+    return {"runs": plan_runs, "requests": a.requests, "sequential_requests": a.sequential_requests,
+            "max_new_tokens": a.max_new_tokens, "input_len": a.input_len, "seed": a.seed,
+            "prompts": prompt_kind, "launch": launch, "synthetic": synthetic_pair,
+            "ttft": "first streamed chunk carrying a token (client clock)"}
+
+
+def _run_url(a, phases) -> tuple[list[RunResult], Plan]:
+    key = None
+    if a.api_key_file:
+        try:
+            key = Path(a.api_key_file).read_text().strip()
+        except OSError as e:
+            raise DflashError(f"cannot read {a.api_key_file}", e.strerror or str(e),
+                              "pass the file that holds the service's API key", USAGE)
+    targets = [(a.url, None)] + ([(a.baseline_url, "baseline")] if a.baseline_url else [])
+    results = []
+    plan = None
+    for url, forced in reversed(targets):  # the baseline first, as when smoke starts servers
+        ep = loadgen.Endpoint(url.rstrip("/"), key)
+        info = loadgen.get_json(ep, "/server_info")
+        algorithm = None if forced == "baseline" else info.get("speculative_algorithm")
+        name = forced or algorithm or "baseline"
+        if plan is None:
+            tokenizer = not info.get("skip_tokenizer_init", False)
+            prompts = (loadgen.text_prompts(a.requests) if tokenizer
+                       else loadgen.token_prompts(a.requests, a.input_len, a.seed))
+            kind = "text" if tokenizer else "token ids"
+            plan = Plan([], False, "external", prompts,
+                        _settings(a, [], False, "external", kind))
+        if algorithm is None and forced is None:
+            say(f"note: {url} runs without speculative decoding; measuring plain decoding")
+        plan.runs.append(name)
+        t = time.monotonic()
+        results.append(measure(name, algorithm, ep, plan, a, watch=lambda: None))
+        phases[f"measure {name}"] = time.monotonic() - t
+    plan.settings["runs"] = plan.runs
+    return results, plan
+
+
+def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
+    synthetic_pair = not a.model
+    accepted = sglang_features.speculative_algorithms(a.python)
+    if not accepted:
+        raise DflashError(f"SGLang is not installed for {a.python}",
+                          "sglang/srt/server_args.py was not found or has no --speculative-algorithm",
+                          "run smoke with the stack's interpreter (nix run .#dflash-smoke), or pass --python",
+                          PREFLIGHT_SGLANG)
+    runs = _select_runs(a.runs, accepted)
+    launch = a.launch or ("together" if synthetic_pair else "sequential")
+    prompts = (loadgen.token_prompts(a.requests, a.input_len, a.seed) if synthetic_pair
+               else loadgen.text_prompts(a.requests))
+    plan = Plan(runs, synthetic_pair, launch, prompts,
+                _settings(a, runs, synthetic_pair, launch, "token ids" if synthetic_pair else "text"))
+    started = []
+    try:
+        if synthetic_pair:
+            target, draft = synthetic.write_pair(work / "models", synthetic.shape_for_block(
+                a.num_draft_tokens or synthetic.PairShape().block_size))
+            target, draft = str(target), str(draft)
+        else:
+            target, draft = a.model, a.draft_model
+        say(f"runs: {', '.join(runs)}; launch {launch}; work dir {work}")
+
+        results = []
+        groups = [runs] if launch == "together" else [[r] for r in runs]
+        for group in groups:
+            t = time.monotonic()
+            batch = [start_server(a, r, target, draft, synthetic_pair, launch, work) for r in group]
+            started += batch
+            wait_all(batch, a.start_timeout)
+            phases[f"start {'+'.join(group)}"] = time.monotonic() - t
+            for s in batch:
+                say(f"{s.run} ready after {s.startup_s:.1f}s")
+            for s in batch:
+                t = time.monotonic()
+                ep = loadgen.Endpoint(s.cfg.base_url)
+                results.append(measure(s.run, s.cfg.speculative.algorithm, ep, plan, a,
+                                       watch=watch_all(batch), startup_s=s.startup_s,
+                                       log=str(s.server.log_path) if a.work_dir else None))
+                phases[f"measure {s.run}"] = time.monotonic() - t
+            if launch == "sequential":
+                stop_all(batch)
+        phases["start to table"] = time.monotonic() - t0
+        return results, plan
+    finally:
+        stop_all(started)  # also a dead leader: its group may hold helpers

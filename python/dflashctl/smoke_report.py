@@ -1,0 +1,148 @@
+"""Turn measured runs into the smoke verdict, the printed table and the JSON result.
+
+Pure data in, data out: tests feed it what the real client measured against recorded responses.
+"""
+
+import statistics
+from dataclasses import dataclass, field
+
+from dflashctl.loadgen import PhaseResult
+
+RANDOM_WEIGHTS_NOTE = ("The synthetic models have random weights: the drafter guesses at random, so "
+                       "acceptance length near 1 and a slowdown are expected. These figures prove that "
+                       "the stack serves speculative decoding; they are not a quality or speed-up figure. "
+                       "Use --model/--draft-model with a real pair for that.")
+
+
+@dataclass
+class RunResult:
+    """One server measured: the baseline (algorithm None) or a speculative algorithm."""
+    name: str  # "baseline", "DFLASH", "DDTREE", or what /server_info says for --url
+    algorithm: str | None
+    base_url: str
+    startup_s: float | None = None  # launch -> healthy; None for --url
+    phases: list[PhaseResult] = field(default_factory=list)
+    server_info: dict = field(default_factory=dict)  # the few fields we keep from /server_info
+    log: str | None = None
+
+
+def _phase_stats(p: PhaseResult) -> dict:
+    ok = [r for r in p.requests if r.error is None]
+    tokens = sum(r.output_tokens for r in ok)
+    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+    e2e = [r.e2e_s for r in ok]
+    verify = sum(r.spec_verify_ct for r in ok)
+    return {
+        "requests": len(p.requests),
+        "failed": len(p.requests) - len(ok),
+        "concurrency": p.concurrency,
+        "output_tokens": tokens,
+        "wall_s": round(p.wall_s, 4),
+        "output_tok_s": round(tokens / p.wall_s, 2) if p.wall_s > 0 else None,
+        "ttft_ms_mean": round(1000 * statistics.fmean(ttft), 2) if ttft else None,
+        "ttft_ms_max": round(1000 * max(ttft), 2) if ttft else None,
+        "e2e_s_mean": round(statistics.fmean(e2e), 4) if e2e else None,
+        "e2e_s_max": round(max(e2e), 4) if e2e else None,
+        "spec_verify_ct": verify,
+        # completion tokens per verify pass, over all requests (SGLang's per-request definition)
+        "accept_length": round(tokens / verify, 4) if verify else None,
+    }
+
+
+def failures(run: RunResult) -> list[str]:
+    """Why this run must fail the smoke test; empty when it passed."""
+    out = []
+    for p in run.phases:
+        for r in p.requests:
+            where = f"{run.name} {p.name} request {r.index}"
+            if r.error is not None:
+                out.append(f"{where}: {r.error}")
+            elif r.output_tokens == 0:
+                out.append(f"{where}: empty response (0 tokens)")
+            elif run.algorithm is not None and r.spec_verify_ct == 0:
+                out.append(f"{where}: spec_verify_ct is 0 -- {run.algorithm} was not active")
+    if not run.phases:
+        out.append(f"{run.name}: no requests were measured")
+    return out
+
+
+def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: bool) -> dict:
+    """The full JSON result; `ok` is False when any run failed a rule in `failures`."""
+    base = next((r for r in runs if r.algorithm is None), None)
+    base_stats = {p.name: _phase_stats(p) for p in base.phases} if base else {}
+    out_runs, problems = [], []
+    for run in runs:
+        stats = {p.name: _phase_stats(p) for p in run.phases}
+        for name, s in stats.items():
+            b = base_stats.get(name, {}).get("output_tok_s")
+            s["speedup"] = round(s["output_tok_s"] / b, 3) if b and s["output_tok_s"] and run is not base else None
+        fails = failures(run)
+        problems += fails
+        out_runs.append({
+            "name": run.name,
+            "algorithm": run.algorithm,
+            "base_url": run.base_url,
+            "startup_s": None if run.startup_s is None else round(run.startup_s, 2),
+            "server_info": run.server_info,
+            "phases": stats,
+            "requests": {p.name: p.to_json()["requests"] for p in run.phases},
+            "log": run.log,
+            "ok": not fails,
+        })
+    return {
+        "ok": not problems,
+        "failures": problems,
+        "synthetic": synthetic,
+        "note": RANDOM_WEIGHTS_NOTE if synthetic else None,
+        "settings": settings,
+        "phases_s": {k: round(v, 2) for k, v in phases_s.items()},
+        "runs": out_runs,
+    }
+
+
+def _fmt(v, spec: str = "") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec)
+
+
+def table(result: dict) -> str:
+    """The human summary: one row per run, speed-ups against the baseline's same phase."""
+    head = ("run", "start s", "seq tok/s", "x base", "conc tok/s", "x base",
+            "TTFT ms", "e2e s", "accept len", "server avg", "verify ct", "ok")
+    rows = [head]
+    for run in result["runs"]:
+        seq = run["phases"].get("sequential", {})
+        conc = run["phases"].get("concurrent", {})
+        any_phase = seq or conc
+        verify = sum(p.get("spec_verify_ct", 0) for p in run["phases"].values())
+        rows.append((
+            run["name"],
+            _fmt(run["startup_s"], ".1f"),
+            _fmt(seq.get("output_tok_s"), ".1f"),
+            _fmt(seq.get("speedup"), ".2f"),
+            _fmt(conc.get("output_tok_s"), ".1f"),
+            _fmt(conc.get("speedup"), ".2f"),
+            _fmt(seq.get("ttft_ms_mean", any_phase.get("ttft_ms_mean")), ".1f"),
+            _fmt(seq.get("e2e_s_mean", any_phase.get("e2e_s_mean")), ".3f"),
+            _fmt(conc.get("accept_length", seq.get("accept_length")), ".3f"),
+            _fmt(run["server_info"].get("avg_spec_accept_length"), ".3f"),
+            str(verify) if run["algorithm"] else "-",
+            "yes" if run["ok"] else "NO",
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    s = result["settings"]
+    lines.append("")
+    lines.append(f"{s.get('requests')} prompts x {s.get('max_new_tokens')} new tokens, greedy, ignore_eos; "
+                 f"sequential = one at a time ({s.get('sequential_requests')} requests), concurrent = "
+                 f"all {s.get('requests')} at once. TTFT and e2e: sequential means, client clock.")
+    if result.get("note"):
+        lines.append(result["note"])
+    if result["phases_s"]:
+        lines.append("phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in result["phases_s"].items()))
+    for f in result["failures"]:
+        lines.append(f"FAILED: {f}")
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""A tiny Qwen3-style target and a matching DFlash draft, as config files only.
+
+SGLang gives them random weights (`--load-format dummy`, `--speculative-draft-load-format dummy`)
+and runs them without a tokenizer (`--skip-tokenizer-init`), so `dflashctl smoke` needs no
+download. The shapes are the pair that served DFLASH on an H200 (docs/smoke.md). Random weights
+accept almost no draft tokens: this pair proves the stack decodes, not how well a real drafter
+guesses.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflashctl.errors import DflashError
+
+# Token id 0 is bos, eos and pad: requests use ignore_eos, so generation always runs to length.
+SPECIAL_TOKEN_ID = 0
+
+
+@dataclass(frozen=True)
+class PairShape:
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    target_layers: int = 8
+    draft_layers: int = 2
+    heads: int = 16
+    kv_heads: int = 8
+    head_dim: int = 64
+    vocab_size: int = 151936
+    max_position_embeddings: int = 8192
+    block_size: int = 16  # DFlash block == --speculative-num-draft-tokens
+    target_layer_ids: tuple[int, ...] = (1, 5)  # target layers whose hidden states feed the draft
+    mask_token_id: int = 151669
+
+
+def target_config(s: PairShape) -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": s.hidden_size,
+        "intermediate_size": s.intermediate_size,
+        "num_hidden_layers": s.target_layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": s.max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "vocab_size": s.vocab_size,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "attention_bias": False,
+        "bos_token_id": SPECIAL_TOKEN_ID,
+        "eos_token_id": SPECIAL_TOKEN_ID,
+        "pad_token_id": SPECIAL_TOKEN_ID,
+    }
+
+
+def draft_config(s: PairShape) -> dict:
+    cfg = target_config(s)
+    cfg.update({
+        "architectures": ["DFlashDraftModel"],
+        "num_hidden_layers": s.draft_layers,
+        "block_size": s.block_size,
+        "num_target_layers": s.target_layers,
+        "dflash_config": {
+            "mask_token_id": s.mask_token_id,
+            "target_layer_ids": list(s.target_layer_ids),
+            "block_size": s.block_size,
+        },
+    })
+    return cfg
+
+
+def generation_config() -> dict:
+    return {"bos_token_id": SPECIAL_TOKEN_ID, "eos_token_id": SPECIAL_TOKEN_ID,
+            "pad_token_id": SPECIAL_TOKEN_ID}
+
+
+def check_pair(target: dict, draft: dict) -> list[str]:
+    """What makes a draft unusable with a target; empty when they fit. Works on any config pair."""
+    problems = []
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
+        if draft.get(key) != target.get(key):
+            problems.append(f"{key}: draft {draft.get(key)} != target {target.get(key)}")
+    dflash = draft.get("dflash_config") or {}
+    n_layers = target.get("num_hidden_layers", 0)
+    ids = dflash.get("target_layer_ids") or []
+    if not ids or any(not 0 <= i < n_layers for i in ids):
+        problems.append(f"target_layer_ids {ids} not all within the target's {n_layers} layers")
+    if draft.get("num_target_layers") not in (None, n_layers):
+        problems.append(f"num_target_layers {draft.get('num_target_layers')} != target layers {n_layers}")
+    mask = dflash.get("mask_token_id")
+    if not isinstance(mask, int) or not 0 <= mask < target.get("vocab_size", 0):
+        problems.append(f"mask_token_id {mask} not below the vocabulary size {target.get('vocab_size')}")
+    block = dflash.get("block_size", draft.get("block_size"))
+    if draft.get("block_size", block) != block:
+        problems.append(f"block_size {draft.get('block_size')} != dflash_config.block_size {block}")
+    return problems
+
+
+def write_pair(root: Path | str, shape: PairShape = PairShape()) -> tuple[Path, Path]:
+    """Write target/ and draft/ under `root`; returns their paths."""
+    target, draft = target_config(shape), draft_config(shape)
+    problems = check_pair(target, draft)
+    if problems:
+        raise DflashError("the synthetic model shapes do not fit together", "; ".join(problems),
+                          "choose a block size and layer ids within the target")
+    root = Path(root)
+    paths = []
+    for name, cfg in (("target", target), ("draft", draft)):
+        d = root / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        (d / "generation_config.json").write_text(json.dumps(generation_config(), indent=2) + "\n")
+        paths.append(d)
+    return paths[0], paths[1]
+
+
+def shape_for_block(block_size: int) -> PairShape:
+    """The default pair with a DFlash block of `block_size` (= --num-draft-tokens)."""
+    if block_size < 2:
+        raise DflashError(f"--num-draft-tokens {block_size} is too small",
+                          "a DFlash block holds the verified token plus at least one draft token",
+                          "use 2 or more (16 is the published drafters' block)")
+    return PairShape(block_size=block_size)

@@ -1,0 +1,136 @@
+"""`python -m sglang.launch_server` for tests: serves recorded SGLang responses on --port.
+
+Reads FAKE_SGLANG_RECORDINGS/<baseline|DFLASH|DDTREE>.json (the format `dflashctl smoke --record`
+writes) and answers /health_generate, /server_info, /model_info and streamed /generate like
+SGLang 0.5.11: cumulative `output_ids`, `meta_info` on every chunk, the speculative counters on the
+last one, then `data: [DONE]`.
+
+FAKE_SGLANG_DIE=start        exit 1 while "loading", with an error in the log
+FAKE_SGLANG_DIE=generate:N   on the N-th /generate, after its first chunk: the server process exits
+                             while a forked helper keeps the sockets open (as SGLang's scheduler
+                             can), so only a client that watches the process notices at once
+FAKE_SGLANG_READY_AFTER=S    /health_generate answers 503 for S seconds (default 0.3)
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+p = argparse.ArgumentParser()
+p.add_argument("--model-path")
+p.add_argument("--host", default="127.0.0.1")
+p.add_argument("--port", type=int, required=True)
+p.add_argument("--speculative-algorithm")
+p.add_argument("--skip-tokenizer-init", action="store_true")
+args, _unknown = p.parse_known_args()
+
+run = args.speculative_algorithm or "baseline"
+with open(os.path.join(os.environ["FAKE_SGLANG_RECORDINGS"], f"{run}.json")) as f:
+    REC = json.load(f)
+BY_PROMPT = {json.dumps(g["request"].get("input_ids") or g["request"].get("text")): g
+             for g in REC["generate"]}
+DIE = os.environ.get("FAKE_SGLANG_DIE", "")
+READY_AT = time.monotonic() + float(os.environ.get("FAKE_SGLANG_READY_AFTER", "0.3"))
+generate_count = 0
+count_lock = threading.Lock()
+
+
+def log(msg):
+    print(f"[fake sglang {run}] {msg}", flush=True)
+
+
+log(f"server_args: {' '.join(sys.argv[1:])}")
+if DIE == "start":
+    log("Load weight begin.")
+    print("RuntimeError: CUDA error: out of memory (replayed failure)", flush=True)
+    sys.exit(1)
+
+
+def chunks(rec):
+    """The stream SGLang sends for one request: cumulative ids, final meta_info last."""
+    final = rec["final"]
+    ids = final.get("output_ids") or []
+    base_meta = {k: v for k, v in final["meta_info"].items()
+                 if not k.startswith("spec_") and k != "e2e_latency"}
+    for n in rec["chunk_tokens"][:-1]:
+        yield {"output_ids": ids[:n], "meta_info": {**base_meta, "completion_tokens": n,
+                                                       "finish_reason": None}}
+    yield final
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, fmt, *a):
+        log(fmt % a)
+
+    def _json(self, obj, status=200):
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path in ("/health", "/health_generate"):
+            if time.monotonic() < READY_AT:
+                return self._json({"detail": "loading"}, 503)
+            return self._json({})
+        if self.path == "/server_info":
+            return self._json(REC["server_info"])
+        if self.path == "/model_info":
+            return self._json({"model_path": args.model_path, "is_generation": True})
+        self._json({"detail": "Not Found"}, 404)
+
+    def do_POST(self):
+        global generate_count
+        if self.path != "/generate":
+            return self._json({"detail": "Not Found"}, 404)
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = json.dumps(req.get("input_ids") or req.get("text"))
+        rec = BY_PROMPT.get(prompt)
+        if rec is None:
+            return self._json({"error": {"message": f"no recorded response for prompt {prompt[:80]}"}}, 400)
+        want = req["sampling_params"]["max_new_tokens"]
+        if want != rec["request"]["sampling_params"]["max_new_tokens"]:
+            rec = _shortened(rec, want)
+        with count_lock:
+            generate_count += 1
+            n = generate_count
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i, chunk in enumerate(chunks(rec)):
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+            if i == 0 and DIE == f"generate:{n}":
+                _die()
+            time.sleep(0.001)
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+def _shortened(rec, want):
+    """A warm-up asks for fewer tokens than recorded: cut the recording."""
+    final = json.loads(json.dumps(rec["final"]))
+    final["output_ids"] = final.get("output_ids", [])[:want]
+    final["meta_info"]["completion_tokens"] = min(want, final["meta_info"]["completion_tokens"])
+    steps = [min(n, want) for n in rec["chunk_tokens"] if n < want] + [want]
+    return {"request": rec["request"], "chunk_tokens": steps, "final": final}
+
+
+def _die():
+    if os.fork() == 0:  # the helper keeps every socket open, silent, until its group is killed
+        time.sleep(3600)
+        os._exit(0)
+    log("Scheduler hit an exception: RuntimeError: CUDA error: an illegal memory access was encountered")
+    log("Received sigquit from a child process. It usually means the child failed.")
+    os._exit(1)
+
+
+server = ThreadingHTTPServer((args.host, args.port), Handler)
+server.daemon_threads = True
+log(f"Uvicorn running on http://{args.host}:{args.port}")
+server.serve_forever()
