@@ -1,0 +1,93 @@
+{
+  description = "Pinned SGLang 0.5.11 + DFlash speculative decoding stack, NixOS service and smoke test";
+
+  inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-unstable";
+
+  outputs =
+    { self, nixpkgs }:
+    let
+      systems = [
+        "x86_64-linux"
+        "aarch64-linux"
+      ];
+      # builtins only, so the output names can be listed without nixpkgs (tests/nix/flake-outputs.nix).
+      forAllSystems =
+        f:
+        builtins.listToAttrs (
+          map (system: {
+            name = system;
+            value = f system;
+          }) systems
+        );
+
+      # allowUnfree: torch and the nvidia-* / cuda-toolkit wheels carry NVIDIA's licence.
+      pkgsFor =
+        system:
+        import nixpkgs {
+          inherit system;
+          config.allowUnfree = true;
+          overlays = [ self.overlays.default ];
+        };
+
+      nixLib = import ./nix/lib;
+    in
+    {
+      lib = nixLib // {
+        # An overlay with other arguments, e.g. mkOverlay { sglangPatches = [ ./ddtree.patch ]; }.
+        mkOverlay = args: import ./overlays args;
+      };
+
+      overlays.default = import ./overlays { };
+
+      nixosModules.dflash = ./nix/module.nix;
+      nixosModules.default = self.nixosModules.dflash;
+
+      packages = forAllSystems (
+        system:
+        let
+          pkgs = pkgsFor system;
+        in
+        {
+          dflash-env = pkgs.dflash-env;
+          dflashctl = pkgs.dflashctl;
+          default = pkgs.dflash-env;
+        }
+      );
+
+      apps = forAllSystems (
+        system:
+        let
+          pkgs = pkgsFor system;
+          smoke = pkgs.writeShellScript "dflash-smoke" ''
+            exec ${pkgs.dflash-env}/bin/dflashctl smoke "$@"
+          '';
+        in
+        {
+          dflash-smoke = {
+            type = "app";
+            program = "${smoke}";
+            meta.description = "Prove this GPU host serves SGLang with DFlash speculative decoding";
+          };
+        }
+      );
+
+      devShells = forAllSystems (system: {
+        default = (pkgsFor system).callPackage ./nix/dev-shell.nix { };
+      });
+
+      checks = forAllSystems (
+        system:
+        import ./nix/checks.nix {
+          pkgs = pkgsFor system;
+          inherit
+            nixpkgs
+            system
+            self
+            nixLib
+            ;
+        }
+      );
+
+      formatter = forAllSystems (system: (pkgsFor system).nixfmt-tree);
+    };
+}

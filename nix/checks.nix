@@ -1,0 +1,82 @@
+# checks.<system>: what `nix flake check` builds besides every package. Each check is small;
+# the names are literal so the flake's output names can be listed without nixpkgs.
+{
+  pkgs,
+  nixpkgs,
+  system,
+  self,
+  nixLib,
+}:
+let
+  inherit (pkgs) lib;
+in
+{
+  # Tier 1's pytest suite, offline, with the tests that need the index or a GPU deselected
+  # (and those that need the nix binary skipped: there is no store inside a build).
+  pytest =
+    pkgs.runCommand "dflash-check-pytest"
+      {
+        nativeBuildInputs = [
+          (pkgs.python312.withPackages (p: [
+            p.pytest
+            p.packaging
+          ]))
+          pkgs.git
+        ];
+      }
+      ''
+        cp -r ${self} source
+        chmod -R u+w source
+        cd source/tests
+        export HOME=$TMPDIR PYTHONPATH=$PWD/../python DFLASH_OFFLINE=1
+        python -m pytest -m "not network and not gpu" -p no:cacheprovider -q
+        touch $out
+      '';
+
+  lock-matches-spec =
+    let
+      result = nixLib.spec.check {
+        lockFile = ./python-lock.json;
+        specFile = ./stack.toml;
+      };
+    in
+    pkgs.runCommand "dflash-check-lock-matches-spec" { } (
+      if result.ok then
+        "echo ${lib.escapeShellArg result.message}; touch $out"
+      else
+        "echo ${lib.escapeShellArg result.message} >&2; exit 1"
+    );
+
+  # Evaluates (does not build) a NixOS host that imports the module with one DFlash instance:
+  # the module, the overlay and the environment derivation must all evaluate.
+  nixos-example =
+    let
+      host = nixpkgs.lib.nixosSystem {
+        inherit system;
+        modules = [
+          self.nixosModules.dflash
+          ./example-host.nix
+          {
+            nixpkgs.overlays = [ self.overlays.default ];
+            nixpkgs.config.allowUnfree = true;
+          }
+        ];
+      };
+      services = builtins.attrNames host.config.systemd.services;
+      dflashUnits = builtins.filter (lib.hasInfix "qwen3") services;
+      toplevel = builtins.unsafeDiscardStringContext host.config.system.build.toplevel.drvPath;
+    in
+    assert lib.assertMsg (dflashUnits != [ ])
+      "the example host's instance `qwen3` produced no systemd service (services: ${toString services})";
+    pkgs.writeText "dflash-check-nixos-example" ''
+      units: ${toString dflashUnits}
+      toplevel: ${toplevel}
+    '';
+
+  # nixfmt (RFC 166 style; named nixfmt-rfc-style before 2025) over every tracked .nix file.
+  formatting = pkgs.runCommand "dflash-check-formatting" { nativeBuildInputs = [ pkgs.nixfmt ]; } ''
+    cd ${self}
+    nixfmt --check $(find . -name '*.nix' | sort)
+    touch $out
+  '';
+}

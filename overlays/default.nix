@@ -1,0 +1,79 @@
+# The overlay: every wheel in nix/python-lock.json for this system becomes a Python 3.12
+# package (overlays/build-wheel.nix), fixed up by overlays/fixups/<name>.nix where one exists.
+#
+#   overlays.default = import ./overlays { };
+#   dflash.lib.mkOverlay { sglangPatches = [ ./ddtree.patch ]; }   # a patched SGLang
+{
+  # The lock to build; another lock gives another stack with the same rules.
+  lockFile ? ../nix/python-lock.json,
+  # Directory of per-package fix-ups, one file per canonical package name.
+  fixupsDir ? ./fixups,
+  # Patches applied to the installed sglang package (paths inside the wheel are sglang/...;
+  # upstream's are python/sglang/..., hence -p2 for patches made in the upstream repo).
+  sglangPatches ? [ ],
+  sglangPatchFlags ? [ "-p2" ],
+  # Another SGLang to build instead of the locked wheel: a source tree of the upstream repo
+  # (its python/ directory is built with its pyproject) or a wheel file.
+  sglangSrc ? null,
+}:
+final: prev:
+let
+  nixLib = import ../nix/lib;
+  inherit (final) lib;
+  system = final.stdenv.hostPlatform.system;
+  lock = nixLib.lock.read lockFile;
+  locked = nixLib.lock.packagesFor lock system;
+  python = final.python312;
+
+  cyclic = nixLib.graph.cyclic locked;
+  missing = nixLib.graph.missingDependencies locked;
+  consistent =
+    if cyclic != [ ] then
+      throw "dflash: the lock's dependencies form a cycle through ${lib.concatStringsSep ", " cyclic}; buildPythonPackage cannot build a cycle"
+    else if missing != { } then
+      throw "dflash: the lock names dependencies it does not contain: ${builtins.toJSON missing}; run `dflashctl lock`"
+    else
+      true;
+
+  fixupFiles = nixLib.fixups.discover fixupsDir;
+  buildWheel = final.callPackage ./build-wheel.nix { inherit python; };
+
+  # makeExtensible: users can `.extend` the set (replace one package) before the env is built.
+  packages = lib.makeExtensible (
+    self:
+    builtins.mapAttrs (
+      name: entry:
+      assert consistent;
+      buildWheel {
+        inherit entry;
+        dependencies = map (dep: self.${dep}) entry.dependencies;
+        fixup =
+          if fixupFiles ? ${name} then
+            import fixupFiles.${name} {
+              pkgs = final;
+              inherit lib python;
+              packages = self;
+              driverLink = final.addDriverRunpath.driverLink;
+              options = { inherit sglangPatches sglangPatchFlags sglangSrc; };
+            }
+          else
+            (_: { });
+      }
+    ) locked
+  );
+  stack = map (name: packages.${name}) (builtins.attrNames locked);
+in
+{
+  dflashPython = python;
+  dflashPythonPackages = packages;
+  dflashStack = stack;
+  dflashctl = final.callPackage ../nix/packages/dflashctl.nix {
+    inherit python;
+    packaging = packages.packaging or python.pkgs.packaging;
+  };
+  dflash-env = final.callPackage ../nix/packages/dflash-env.nix {
+    inherit python;
+    inherit (final) dflashctl;
+    stack = final.dflashStack;
+  };
+}

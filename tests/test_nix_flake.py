@@ -1,0 +1,69 @@
+"""The flake's shape, checked offline: every .nix file parses, the outputs the README and the
+users' CI rely on exist (listed with a nixpkgs that throws when touched), flake.lock pins the
+nixpkgs the issue names."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, nix_or_skip
+from nixeval import eval_json, nix_env
+
+pytestmark = pytest.mark.nix
+
+PER_SYSTEM = {
+    "packages": {"dflash-env", "dflashctl", "default"},
+    "apps": {"dflash-smoke"},
+    "devShells": {"default"},
+    "checks": {"pytest", "lock-matches-spec", "nixos-example", "formatting"},
+}
+SYSTEMS = {"x86_64-linux", "aarch64-linux"}
+
+
+def nix_files():
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "*.nix"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    return sorted(out.split())
+
+
+@pytest.mark.parametrize("path", nix_files())
+def test_parses(path):
+    nix_instantiate = str(Path(nix_or_skip()).with_name("nix-instantiate"))
+    done = subprocess.run([nix_instantiate, "--parse", path], cwd=REPO, capture_output=True,
+                          text=True, env=nix_env())
+    assert done.returncode == 0, done.stderr
+
+
+def test_outputs_present_without_nixpkgs():
+    out = eval_json(nix_or_skip(), REPO / "tests/nix/flake-outputs.nix")
+    assert {"packages", "apps", "devShells", "checks", "overlays", "nixosModules",
+            "formatter"} <= set(out["outputs"])
+    for attr, names in PER_SYSTEM.items():
+        assert set(out[attr]) == SYSTEMS, attr
+        for system in SYSTEMS:
+            assert names <= set(out[attr][system]), (attr, system)
+    assert set(out["formatter"]) == SYSTEMS
+    assert "default" in out["overlays"]
+    assert out["nixosModules"] == {"dflash": "module.nix", "default": "module.nix"}
+
+
+def test_lock_pins_nixpkgs():
+    lock = json.loads((REPO / "flake.lock").read_text())
+    assert lock["version"] == 7 and lock["root"] == "root"
+    assert lock["nodes"]["root"]["inputs"] == {"nixpkgs": "nixpkgs"}
+    node = lock["nodes"]["nixpkgs"]
+    assert node["locked"] == {
+        "lastModified": 1786862985,
+        "narHash": "sha256-FBJRXmbGXiSUDvYEbfLYRkckayyZ6SK1UEqhCrIZ2Cs=",
+        "owner": "NixOS",
+        "repo": "nixpkgs",
+        "rev": "e5bdc4a41d4c072fe1e3787eaa0320a384741d44",
+        "type": "github",
+    }
+    # flake.nix's input URL and the lock's `original` must name the same branch, or Nix
+    # re-locks on the next run.
+    out = eval_json(nix_or_skip(), REPO / "tests/nix/flake-outputs.nix")
+    o = node["original"]
+    assert out["inputs"]["nixpkgs"] == f"github:{o['owner']}/{o['repo']}/{o['ref']}"
