@@ -69,7 +69,8 @@ def preflight(cfg: config.InstanceConfig, python: str) -> None:
             say(f"preflight warning: {c.name}: {c.summary}")
     failed = probes.first_failure(checks)
     if failed is not None:
-        why = failed.summary + (f"\n{_indent(str(failed.details))}" if failed.details else "")
+        facts = "\n".join(f"{k}: {v}" for k, v in (failed.details or {}).items())
+        why = failed.summary + (f"\n{_indent(facts)}" if facts else "")
         raise DflashError(f"preflight {failed.name} failed; SGLang was not started", why,
                           failed.fix, failed.exit_code)
     say(f"preflight: {len(checks)} checks passed")

@@ -6,7 +6,8 @@ Takes SGLang's flags (uses --port and --host, ignores the rest) and behaves as S
   hang             listens, but /health_generate never answers 200
   die-after-ready  like healthy, then exits 4 STANDIN_DIE_AFTER seconds after the first 200
   silent           never listens at all
-It writes its argv as JSON to STANDIN_ARGV_FILE if set, and exits 0 on SIGTERM.
+It writes its argv as JSON to STANDIN_ARGV_FILE, appends a line to STANDIN_OK_FILE before each 200,
+and exits 0 on SIGTERM.
 """
 
 import http.server
@@ -46,6 +47,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         ready = time.monotonic() - started >= ready_after
         if self.path == "/health_generate" and ready and mode in ("healthy", "die-after-ready"):
+            if os.environ.get("STANDIN_OK_FILE"):  # written before the 200 leaves: tests order on it
+                with open(os.environ["STANDIN_OK_FILE"], "a") as f:
+                    f.write(f"200 auth={self.headers.get('Authorization')}\n")
             self.send_response(200)
             self.end_headers()
             self.wfile.write(b"")

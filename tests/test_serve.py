@@ -1,0 +1,202 @@
+"""`dflashctl serve` as a real process, with a real NOTIFY_SOCKET and a stand-in SGLang child."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dflashctl import errors, sdnotify
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
+LAUNCHER = f"{sys.executable} {STANDIN}"
+NEVER = 60  # a bound no test should reach: serve must not wait out a timeout for a dead child
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Notify:
+    """A datagram socket playing systemd's notify socket."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.messages: list[str] = []
+
+    def recv_until(self, wanted: str, proc: subprocess.Popen, timeout: float = NEVER) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.sock.settimeout(0.2)
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except socket.timeout:
+                if proc.poll() is not None:
+                    self.drain()
+                    return any(wanted in m for m in self.messages)
+                continue
+            if wanted in self.messages[-1]:
+                return True
+        return False
+
+    def drain(self) -> None:
+        self.sock.settimeout(0)
+        try:
+            while True:
+                self.messages.append(self.sock.recv(4096).decode())
+        except (BlockingIOError, socket.timeout):
+            pass
+
+
+@pytest.fixture
+def serve(tmp_path):
+    procs = []
+
+    def start(mode: str, args=(), settings: dict | None = None, env=None, **standin):
+        port = free_port()
+        ok_file = tmp_path / "ok"
+        cfg = {"name": "t", "model": "stand-in", "port": port, "gpus": [0], "startTimeoutSec": 600,
+               "environment": {"STANDIN_MODE": mode, "STANDIN_OK_FILE": str(ok_file),
+                               "STANDIN_ARGV_FILE": str(tmp_path / "argv.json"),
+                               **{f"STANDIN_{k.upper()}": str(v) for k, v in standin.items()}},
+               **(settings or {})}
+        f = tmp_path / "settings.json"
+        f.write_text(json.dumps(cfg))
+        notify = Notify(tmp_path / "notify.sock")
+        child_env = dict(os.environ, NOTIFY_SOCKET=str(notify.path),
+                         PYTHONPATH=str(REPO / "python"), **(env or {}))
+        proc = subprocess.Popen([sys.executable, "-m", "dflashctl", "serve", "--config", str(f),
+                                 "--log-file", str(tmp_path / "sglang.log"), "--launcher", LAUNCHER,
+                                 *args], env=child_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        procs.append(proc)
+        proc.ok_file, proc.notify, proc.tmp = ok_file, notify, tmp_path
+        return proc
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_ready_only_after_a_decode_then_clean_stop(serve):
+    proc = serve("healthy", ["--skip-preflight"], ready_after=1.0)
+    assert proc.notify.recv_until("READY=1", proc)
+    assert proc.ok_file.exists()  # the stand-in had answered 200 on /health_generate before READY
+    assert any(m.startswith("STATUS=") for m in proc.notify.messages[:-1])
+    argv = json.loads((proc.tmp / "argv.json").read_text())
+    assert argv["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "--grammar-backend" in argv["argv"] and "xgrammar" in argv["argv"]
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=NEVER)
+    assert proc.returncode == 0, err
+    assert "STOPPING=1" in proc.notify.messages or proc.notify.recv_until("STOPPING=1", proc, 1)
+    assert "got signal 15" in (proc.tmp / "sglang.log").read_text()  # forwarded to the child
+
+
+def test_crash_before_ready_is_reported_at_once(serve):
+    proc = serve("crash", ["--skip-preflight"], ready_after=0.3)
+    out, err = proc.communicate(timeout=NEVER)  # startTimeoutSec is 600: this returns on the crash
+    assert proc.returncode == errors.SERVER_DIED_BEFORE_READY
+    assert "exited with status 3 before it was ready" in err
+    assert "StructuralTag" in err  # the log tail is in the message
+    proc.notify.drain()
+    assert not any("READY=1" in m for m in proc.notify.messages)
+    assert any(m.startswith("STATUS=failed") for m in proc.notify.messages)
+
+
+def test_hang_ends_with_start_timeout(serve):
+    proc = serve("hang", ["--skip-preflight"], settings={"startTimeoutSec": 2})
+    out, err = proc.communicate(timeout=NEVER)
+    assert proc.returncode == errors.SERVER_START_TIMEOUT
+    assert "not ready after 2 s" in err
+    assert "got signal 15" in (proc.tmp / "sglang.log").read_text()  # the hung child was stopped
+    proc.notify.drain()
+    assert not any("READY=1" in m for m in proc.notify.messages)
+
+
+def test_death_after_ready(serve):
+    proc = serve("die-after-ready", ["--skip-preflight"], die_after=0.5)
+    assert proc.notify.recv_until("READY=1", proc)
+    out, err = proc.communicate(timeout=NEVER)
+    assert proc.returncode == errors.SERVER_DIED_AFTER_READY
+    assert "exited with status 4 while serving" in err
+    assert "illegal memory access" in err
+
+
+def test_child_log_reaches_stderr(serve):
+    proc = serve("crash", ["--skip-preflight"], ready_after=0.3)
+    _, err = proc.communicate(timeout=NEVER)
+    assert "standin: Loading safetensors checkpoint shards" in err  # the journal sees SGLang's log
+
+
+def test_bad_config_exits_config(serve):
+    proc = serve("healthy", ["--skip-preflight"], settings={"port": "x"})
+    _, err = proc.communicate(timeout=NEVER)
+    assert proc.returncode == errors.CONFIG
+    assert "port: must be an integer" in err
+    assert not (proc.tmp / "argv.json").exists()  # nothing was started
+
+
+def test_api_key_from_systemd_credentials(serve, tmp_path):
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "api-key").write_text("s3cret\n")
+    proc = serve("healthy", ["--skip-preflight"], settings={"apiKeyFile": "/nonexistent/key"},
+                 env={"CREDENTIALS_DIRECTORY": str(creds)})
+    assert proc.notify.recv_until("READY=1", proc)
+    argv = json.loads((proc.tmp / "argv.json").read_text())["argv"]
+    assert argv[argv.index("--api-key") + 1] == "s3cret"
+    assert "auth=Bearer s3cret" in proc.ok_file.read_text()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=NEVER)
+    assert proc.returncode == 0
+
+
+def test_missing_api_key_is_a_config_error(serve):
+    proc = serve("healthy", ["--skip-preflight"], settings={"apiKeyFile": "/nonexistent/key"})
+    _, err = proc.communicate(timeout=NEVER)
+    assert proc.returncode == errors.CONFIG
+    assert "cannot read the API key /nonexistent/key" in err
+
+
+def test_preflight_failure_in_a_broken_environment(serve, tmp_path):
+    """The test venv has no torch: a real broken environment. SGLang must never be started."""
+    if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip("this interpreter has torch")
+    proc = serve("healthy", ["--python", sys.executable])
+    _, err = proc.communicate(timeout=NEVER)
+    assert proc.returncode in errors.NO_RESTART and proc.returncode != errors.CONFIG, err
+    assert "preflight" in err and "SGLang was not started" in err and "fix:" in err
+    assert not (proc.tmp / "argv.json").exists()
+
+
+def test_dry_run_prints_the_command(tmp_path, capsys):
+    from dflashctl import cli
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"name": "a", "model": "m", "gpus": [1], "apiKeyFile": "/k"}))
+    assert cli.main(["serve", "--config", str(f), "--dry-run", "--python", "/py"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["argv"][:3] == ["/py", "-m", "sglang.launch_server"]
+    assert "<apiKeyFile>" in out["argv"]
+    assert out["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_sdnotify_abstract_socket():
+    name = f"dflash-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.bind("\0" + name)
+        assert sdnotify.notify("READY=1", {"NOTIFY_SOCKET": "@" + name})
+        assert s.recv(100) == b"READY=1"
+    assert sdnotify.notify("READY=1", {}) is False
