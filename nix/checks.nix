@@ -66,12 +66,13 @@ in
       dflashUnits = builtins.filter (lib.hasInfix "qwen3") services;
       toplevel = builtins.unsafeDiscardStringContext host.config.system.build.toplevel.drvPath;
     in
-    assert lib.assertMsg (dflashUnits != [ ])
-      "the example host's instance `qwen3` produced no systemd service (services: ${toString services})";
-    pkgs.writeText "dflash-check-nixos-example" ''
-      units: ${toString dflashUnits}
-      toplevel: ${toplevel}
-    '';
+    if dflashUnits == [ ] then
+      throw "the example host's instance `qwen3` produced no systemd service (services: ${toString services})"
+    else
+      pkgs.writeText "dflash-check-nixos-example" ''
+        units: ${toString dflashUnits}
+        toplevel: ${toplevel}
+      '';
 
   # nixfmt (RFC 166 style; named nixfmt-rfc-style before 2025) over every tracked .nix file.
   formatting = pkgs.runCommand "dflash-check-formatting" { nativeBuildInputs = [ pkgs.nixfmt ]; } ''

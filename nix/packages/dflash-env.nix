@@ -5,13 +5,13 @@
   dflashctl,
   extraLibs ? [ ],
 }:
-(python.buildEnv.override {
-  extraLibs = stack ++ [ dflashctl ] ++ extraLibs;
-}).overrideAttrs
-  (old: {
-    name = "dflash-env";
-    meta = (old.meta or { }) // {
-      description = "Python 3.12 with the locked SGLang + DFlash stack and dflashctl";
-      mainProgram = "dflashctl";
-    };
-  })
+let
+  env = python.buildEnv.override { extraLibs = stack ++ [ dflashctl ] ++ extraLibs; };
+in
+env.overrideAttrs (old: {
+  name = "dflash-env";
+  meta = (old.meta or { }) // {
+    description = "Python 3.12 with the locked SGLang + DFlash stack and dflashctl";
+    mainProgram = "dflashctl";
+  };
+})
