@@ -9,6 +9,7 @@ measures each with the same prompts. `--model/--draft-model` does the same for a
 
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -176,8 +177,13 @@ def _record(path: Path, plan: Plan, server_info: dict, recordings: list) -> None
 
 # --- the command ------------------------------------------------------------------------------------
 
+def _terminate(signum, _frame):
+    raise SystemExit(128 + signum)  # unwinds through `finally`: the servers are stopped
+
+
 def run(a) -> int:
     _check_args(a)
+    signal.signal(signal.SIGTERM, _terminate)  # `timeout`, systemd: stop our servers too
     t0 = time.monotonic()
     phases: dict[str, float] = {}
     work, ok = None, False
@@ -276,8 +282,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
         groups = [runs] if launch == "together" else [[r] for r in runs]
         for group in groups:
             t = time.monotonic()
-            batch = [start_server(a, r, target, draft, synthetic_pair, launch, work) for r in group]
-            started += batch
+            batch = [start_server(a, r, target, draft, synthetic_pair, launch, work, started) for r in group]
             wait_all(batch, a.start_timeout)
             phases[f"start {'+'.join(group)}"] = time.monotonic() - t
             for s in batch:

@@ -98,15 +98,19 @@ class Started:
 
 
 def start_server(a, run: str, target: str, draft: str | None, synthetic_pair: bool, launch: str,
-                 work: Path) -> Started:
-    """Start one run's server (not waiting for it); `a` holds smoke's command-line options."""
+                 work: Path, started: list[Started]) -> Started:
+    """Start one run's server (not waiting for it); `a` holds smoke's command-line options.
+
+    It joins `started` before its process exists, so a SIGTERM at any moment still stops it."""
     d = instance_settings(a, run, target, draft, synthetic_pair, _free_port(), launch)
     cfg = config.from_dict(d, d["name"], origin="smoke settings")
     srv = Server(sglang_args.build_argv(cfg, python=a.python), sglang_args.build_env(cfg),
                  work / "logs" / f"{run}.log", cfg.base_url)
+    s = Started(run, srv, cfg)
+    started.append(s)
     srv.start()
     say(f"started {run} on {cfg.base_url} (pid {srv.pid}, log {srv.log_path})")
-    return Started(run, srv, cfg)
+    return s
 
 
 def _renamed(run: str, e: DflashError) -> DflashError:

@@ -10,6 +10,8 @@ FAKE_SGLANG_DIE=generate:N   on the N-th /generate, after its first chunk: the s
                              while a forked helper keeps the sockets open (as SGLang's scheduler
                              can), so only a client that watches the process notices at once
 FAKE_SGLANG_READY_AFTER=S    /health_generate answers 503 for S seconds (default 0.3)
+FAKE_SGLANG_HELPER_PIDFILE   where the forked helper writes its pid (tests check it is gone)
+FAKE_SGLANG_API_KEY=KEY      answer 401 unless `Authorization: Bearer KEY` (as --api-key does)
 """
 
 import argparse
@@ -44,6 +46,8 @@ def log(msg):
 
 
 log(f"server_args: {' '.join(sys.argv[1:])}")
+log(f"TRITON_CACHE_DIR={os.environ.get('TRITON_CACHE_DIR', '')}")
+API_KEY = os.environ.get("FAKE_SGLANG_API_KEY")
 if DIE == "start":
     log("Load weight begin.")
     print("RuntimeError: CUDA error: out of memory (replayed failure)", flush=True)
@@ -74,7 +78,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _refused(self):
+        if API_KEY and self.headers.get("Authorization") != f"Bearer {API_KEY}":
+            self._json({"error": "Unauthorized"}, 401)
+            return True
+        return False
+
     def do_GET(self):
+        if self._refused():
+            return
         if self.path in ("/health", "/health_generate"):
             if time.monotonic() < READY_AT:
                 return self._json({"detail": "loading"}, 503)
@@ -87,6 +99,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         global generate_count
+        if self._refused():
+            return
         if self.path != "/generate":
             return self._json({"detail": "Not Found"}, 404)
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -123,8 +137,16 @@ def _shortened(rec, want):
 
 def _die():
     if os.fork() == 0:  # the helper keeps every socket open, silent, until its group is killed
+        pidfile = os.environ.get("FAKE_SGLANG_HELPER_PIDFILE")
+        if pidfile:
+            with open(pidfile + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(pidfile + ".tmp", pidfile)
         time.sleep(3600)
         os._exit(0)
+    pidfile = os.environ.get("FAKE_SGLANG_HELPER_PIDFILE")
+    while pidfile and not os.path.exists(pidfile):  # the test must learn the helper's pid
+        time.sleep(0.01)
     log("Scheduler hit an exception: RuntimeError: CUDA error: an illegal memory access was encountered")
     log("Received sigquit from a child process. It usually means the child failed.")
     os._exit(1)

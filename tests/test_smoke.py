@@ -1,0 +1,355 @@
+"""`dflashctl smoke` end to end against a stand-in SGLang that replays recorded responses.
+
+The stand-in (tests/data/smoke/fake_sglang) is a real package: smoke finds it with the same
+source probe it uses for SGLang, starts it through config -> sglang_args -> server.Server, and the
+real streaming client talks HTTP to it. Recordings: tests/data/smoke/*.json.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dflashctl import errors, loadgen
+
+DATA = Path(__file__).resolve().parent / "data" / "smoke"
+FAKE = DATA / "fake_sglang"
+PYTHON_DIR = Path(__file__).resolve().parent.parent / "python"
+SETTINGS = json.loads((DATA / "DFLASH.json").read_text())["settings"]
+LOAD_ARGS = ["--requests", str(SETTINGS["requests"]),
+             "--sequential-requests", str(SETTINGS["sequential_requests"]),
+             "--max-new-tokens", str(SETTINGS["max_new_tokens"]),
+             "--input-len", str(SETTINGS["input_len"]), "--seed", str(SETTINGS["seed"])]
+
+
+def recordings(tmp_path, edit=None) -> Path:
+    """A copy of the recordings; `edit(run, doc)` may change them first."""
+    out = tmp_path / "recordings"
+    out.mkdir(exist_ok=True)
+    for run in ("baseline", "DFLASH", "DDTREE"):
+        doc = json.loads((DATA / f"{run}.json").read_text())
+        if edit:
+            edit(run, doc)
+        (out / f"{run}.json").write_text(json.dumps(doc))
+    return out
+
+
+def env_for(recs: Path, fake: Path = FAKE, **extra) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(PYTHON_DIR), str(fake)])
+    env["FAKE_SGLANG_RECORDINGS"] = str(recs)
+    env.update(extra)
+    return env
+
+
+def smoke(tmp_path, *args, recs=None, fake=FAKE, timeout=60, **extra):
+    recs = recs or recordings(tmp_path)
+    cmd = [sys.executable, "-m", "dflashctl", "smoke", *LOAD_ARGS, "--triton-cache", str(tmp_path / "triton"),
+           *args]
+    return subprocess.run(cmd, env=env_for(recs, fake, **extra), capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path)
+
+
+def recorded(run: str) -> list[dict]:
+    return [g["final"]["meta_info"] for g in json.loads((DATA / f"{run}.json").read_text())["generate"]]
+
+
+def test_default_smoke_measures_every_run_and_compares_with_baseline(tmp_path):
+    p = smoke(tmp_path, "--json", "result.json", "--work-dir", str(tmp_path / "work"))
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["ok"] and result["failures"] == []
+    assert [r["name"] for r in result["runs"]] == ["baseline", "DFLASH", "DDTREE"]
+    n, seq_n, new = SETTINGS["requests"], SETTINGS["sequential_requests"], SETTINGS["max_new_tokens"]
+    base = result["runs"][0]
+    for run in result["runs"]:
+        conc, seq = run["phases"]["concurrent"], run["phases"]["sequential"]
+        assert (conc["requests"], seq["requests"]) == (n, seq_n)
+        assert conc["output_tokens"] == n * new and seq["output_tokens"] == seq_n * new
+        assert conc["ttft_ms_mean"] > 0 and conc["e2e_s_mean"] > 0
+        assert run["startup_s"] > 0
+    for run in result["runs"][1:]:
+        metas = recorded(run["name"])
+        verify = sum(m["spec_verify_ct"] for m in metas)
+        conc = run["phases"]["concurrent"]
+        assert conc["spec_verify_ct"] == verify
+        assert conc["accept_length"] == round(n * new / verify, 4)
+        assert run["server_info"]["avg_spec_accept_length"] == json.loads(
+            (DATA / f"{run['name']}.json").read_text())["server_info"]["internal_states"][0]["avg_spec_accept_length"]
+        for phase in ("sequential", "concurrent"):
+            mine, theirs = run["phases"][phase]["output_tok_s"], base["phases"][phase]["output_tok_s"]
+            assert run["phases"][phase]["speedup"] == round(mine / theirs, 3)
+    assert base["phases"]["concurrent"]["speedup"] is None
+    # the table: a row per run, and the plain warning about random weights
+    lines = p.stdout.splitlines()
+    assert lines[0].split()[:3] == ["run", "start", "s"]
+    assert [line.split()[0] for line in lines[2:5]] == ["baseline", "DFLASH", "DDTREE"]
+    assert "not a quality or speed-up figure" in p.stdout
+    assert "[smoke] starting" in p.stderr or "ready after" in p.stderr  # progress on stderr
+
+
+def test_servers_start_like_the_service_with_synthetic_flags(tmp_path):
+    p = smoke(tmp_path, "--work-dir", str(tmp_path / "work"), "--runs", "baseline,DFLASH")
+    assert p.returncode == 0, p.stderr
+    logs = {run: (tmp_path / "work" / "logs" / f"{run}.log").read_text() for run in ("baseline", "DFLASH")}
+    argv = {run: text.splitlines()[0].split("server_args: ")[1].split() for run, text in logs.items()}
+    for run, args in argv.items():
+        for flag in ("--skip-tokenizer-init", "--disable-piecewise-cuda-graph"):
+            assert flag in args, (run, flag)
+        opt = lambda f: args[args.index(f) + 1]  # noqa: E731
+        assert opt("--load-format") == "dummy" and opt("--attention-backend") == "triton"
+        assert opt("--mem-fraction-static") == "0.25"  # two or three servers share the GPU
+        assert opt("--cuda-graph-max-bs") == "8"
+        assert opt("--model-path") == str(tmp_path / "work" / "models" / "target")
+        assert f"TRITON_CACHE_DIR={tmp_path / 'triton'}" in logs[run]  # one cache for all servers
+    d = argv["DFLASH"]
+    assert d[d.index("--speculative-algorithm") + 1] == "DFLASH"
+    assert d[d.index("--speculative-draft-load-format") + 1] == "dummy"
+    assert d[d.index("--speculative-num-draft-tokens") + 1] == "16"
+    assert d[d.index("--speculative-draft-model-path") + 1] == str(tmp_path / "work" / "models" / "draft")
+    assert "--speculative-algorithm" not in argv["baseline"]
+    ports = {a[a.index("--port") + 1] for a in argv.values()}
+    assert len(ports) == 2
+    draft = json.loads((tmp_path / "work" / "models" / "draft" / "config.json").read_text())
+    assert draft["dflash_config"]["block_size"] == 16
+
+
+def test_num_draft_tokens_sets_block_and_flag(tmp_path):
+    p = smoke(tmp_path, "--work-dir", str(tmp_path / "work"), "--runs", "DFLASH", "--num-draft-tokens", "8",
+              "--launch", "sequential", "--cuda-graph-bs", "1,8")
+    assert p.returncode == 0, p.stderr
+    args = (tmp_path / "work" / "logs" / "DFLASH.log").read_text().splitlines()[0].split()
+    assert args[args.index("--speculative-num-draft-tokens") + 1] == "8"
+    assert args[args.index("--cuda-graph-bs") + 1: args.index("--cuda-graph-bs") + 3] == ["1", "8"]
+    assert "--cuda-graph-max-bs" not in args  # SGLang takes the largest of --cuda-graph-bs
+    assert args[args.index("--mem-fraction-static") + 1] == "0.5"
+    draft = json.loads((tmp_path / "work" / "models" / "draft" / "config.json").read_text())
+    assert draft["block_size"] == draft["dflash_config"]["block_size"] == 8
+
+
+def test_json_to_stdout_moves_table_to_stderr(tmp_path):
+    p = smoke(tmp_path, "--json", "-", "--runs", "baseline,DFLASH")
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)
+    assert [r["name"] for r in result["runs"]] == ["baseline", "DFLASH"]
+    assert "accept len" in p.stderr
+
+
+def fake_without_ddtree(tmp_path) -> Path:
+    fake = tmp_path / "fake"
+    shutil.copytree(FAKE, fake)
+    args = fake / "sglang" / "srt" / "server_args.py"
+    args.write_text(args.read_text().replace('"DDTREE", ', ""))
+    return fake
+
+
+def test_ddtree_is_skipped_when_sglang_lacks_it(tmp_path):
+    p = smoke(tmp_path, "--json", "result.json", fake=fake_without_ddtree(tmp_path))
+    assert p.returncode == 0, p.stderr
+    runs = [r["name"] for r in json.loads((tmp_path / "result.json").read_text())["runs"]]
+    assert runs == ["baseline", "DFLASH"]
+
+
+def test_asking_for_ddtree_without_it_fails_before_starting(tmp_path):
+    p = smoke(tmp_path, "--runs", "baseline,DDTREE", fake=fake_without_ddtree(tmp_path))
+    assert p.returncode == errors.PREFLIGHT_SGLANG
+    assert "does not accept --speculative-algorithm DDTREE" in p.stderr
+    assert "started" not in p.stderr
+
+
+def test_empty_response_fails(tmp_path):
+    def empty(run, doc):
+        if run == "DFLASH":
+            g = doc["generate"][1]
+            g["final"]["output_ids"] = []
+            g["final"]["meta_info"]["completion_tokens"] = 0
+            g["chunk_tokens"] = [0]
+    p = smoke(tmp_path, "--json", "result.json", "--runs", "baseline,DFLASH",
+              recs=recordings(tmp_path, empty))
+    assert p.returncode == errors.FAILED
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert not result["ok"]
+    assert any("DFLASH" in f and "request 1: empty response" in f for f in result["failures"])
+    assert "FAILED: DFLASH" in p.stdout
+    assert [r["ok"] for r in result["runs"]] == [True, False]
+
+
+def test_inactive_speculation_fails(tmp_path):
+    def no_spec(run, doc):
+        if run == "DFLASH":  # SGLang leaves the spec_* keys out when it verified nothing
+            for g in doc["generate"]:
+                g["final"]["meta_info"] = {k: v for k, v in g["final"]["meta_info"].items()
+                                           if not k.startswith("spec_")}
+    p = smoke(tmp_path, "--json", "result.json", "--runs", "baseline,DFLASH",
+              recs=recordings(tmp_path, no_spec))
+    assert p.returncode == errors.FAILED
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert any("spec_verify_ct is 0 -- DFLASH was not active" in f for f in result["failures"])
+    assert result["runs"][0]["ok"]  # the baseline has no speculative counters by design
+
+
+def test_server_dying_at_start_stops_smoke_with_log_tail(tmp_path):
+    p = smoke(tmp_path, FAKE_SGLANG_DIE="start")
+    assert p.returncode == errors.SERVER_DIED_BEFORE_READY, p.stderr
+    assert "exited with status 1 before it was ready" in p.stderr
+    assert "CUDA error: out of memory (replayed failure)" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_server_dying_mid_run_stops_smoke_and_its_helpers(tmp_path):
+    """The leader exits while a helper keeps the sockets open: only watching the process notices;
+    the per-request timeout (300 s) would otherwise hold the run."""
+    pidfile = tmp_path / "helper.pid"
+    p = smoke(tmp_path, "--runs", "baseline,DFLASH", FAKE_SGLANG_DIE="generate:3",
+              FAKE_SGLANG_HELPER_PIDFILE=str(pidfile))
+    assert p.returncode == errors.SERVER_DIED_AFTER_READY, p.stderr
+    assert "server exited with status 1 while smoke requests ran" in p.stderr
+    assert "illegal memory access" in p.stderr
+    helper = int(pidfile.read_text())
+    for _ in range(50):  # the kill was sent before smoke exited; give the kernel a moment to reap
+        if not pid_alive(helper):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(helper, signal.SIGKILL)
+        pytest.fail("smoke left the dead server's helper process running")
+
+
+def start_fake(tmp_path, run: str, recs: Path, **extra):
+    port = _free_port()
+    argv = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), "--model-path", "m"]
+    if run != "baseline":
+        argv += ["--speculative-algorithm", run]
+    proc = subprocess.Popen(argv, env=env_for(recs, **extra), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            loadgen.get_json(loadgen.Endpoint(url, extra.get("FAKE_SGLANG_API_KEY")), "/model_info", 1)
+            break
+        except Exception:
+            time.sleep(0.05)
+    return proc, url
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def running(tmp_path):
+    procs = []
+
+    def start(run, recs=None, **extra):
+        proc, url = start_fake(tmp_path, run, recs or recordings(tmp_path), **extra)
+        procs.append(proc)
+        return url
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_url_mode_measures_a_running_service_against_a_baseline_url(tmp_path, running):
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    dflash = running("DFLASH", FAKE_SGLANG_API_KEY="s3cret")
+    base = running("baseline", FAKE_SGLANG_API_KEY="s3cret")
+    p = smoke(tmp_path, "--url", dflash, "--baseline-url", base, "--api-key-file", str(key),
+              "--json", "result.json")
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert [(r["name"], r["base_url"]) for r in result["runs"]] == [("baseline", base), ("DFLASH", dflash)]
+    assert result["runs"][1]["phases"]["concurrent"]["speedup"] > 0
+    assert result["note"] is None  # a service's own models: no random-weights warning
+
+
+def test_url_mode_without_the_key_says_how_to_pass_it(tmp_path, running):
+    url = running("DFLASH", FAKE_SGLANG_API_KEY="s3cret")
+    p = smoke(tmp_path, "--url", url)
+    assert p.returncode == errors.FAILED
+    assert "HTTP 401" in p.stderr and "--api-key-file" in p.stderr
+
+
+def test_url_mode_sends_text_when_the_server_has_a_tokenizer(tmp_path, running):
+    texts = loadgen.text_prompts(SETTINGS["requests"])
+
+    def with_tokenizer(run, doc):
+        doc["server_info"]["skip_tokenizer_init"] = False
+        for g, text in zip(doc["generate"], texts):
+            g["request"].pop("input_ids")
+            g["request"]["text"] = text
+    url = running("DFLASH", recordings(tmp_path, with_tokenizer))
+    p = smoke(tmp_path, "--url", url, "--json", "result.json")
+    assert p.returncode == 0, p.stderr  # the stand-in answers only prompts it has recorded
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["settings"]["prompts"] == "text"
+    assert result["runs"][0]["phases"]["concurrent"]["output_tokens"] == \
+        SETTINGS["requests"] * SETTINGS["max_new_tokens"]
+
+
+def test_recordings_replay(tmp_path):
+    """What --record writes is what the stand-in replays: GPU captures can replace the fixtures."""
+    p = smoke(tmp_path, "--record", "rec", "--json", "first.json")
+    assert p.returncode == 0, p.stderr
+    rec = tmp_path / "rec"
+    assert sorted(f.name for f in rec.iterdir()) == ["DDTREE.json", "DFLASH.json", "baseline.json"]
+    p2 = smoke(tmp_path, "--json", "second.json", recs=rec)
+    assert p2.returncode == 0, p2.stderr
+    first, second = (json.loads((tmp_path / f).read_text()) for f in ("first.json", "second.json"))
+    for a, b in zip(first["runs"], second["runs"]):
+        for phase in ("sequential", "concurrent"):
+            for key in ("output_tokens", "spec_verify_ct", "accept_length"):
+                assert a["phases"][phase][key] == b["phases"][phase][key]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--url", "http://x", "--model", "m"], "cannot be combined"),
+    (["--model", "m"], "go together"),
+    (["--baseline-url", "http://x"], "needs --url"),
+    (["--runs", "baseline,medusa"], "unknown run"),
+])
+def test_bad_arguments_are_usage_errors(tmp_path, args, message):
+    p = smoke(tmp_path, *args)
+    assert p.returncode == errors.USAGE
+    assert message in p.stderr
+
+
+def test_sigterm_while_servers_start_stops_them(tmp_path):
+    """`timeout` or systemd ending smoke must not leave SGLang servers holding the GPU."""
+    cmd = [sys.executable, "-m", "dflashctl", "smoke", *LOAD_ARGS, "--triton-cache", "none"]
+    proc = subprocess.Popen(cmd, env=env_for(recordings(tmp_path), FAKE_SGLANG_READY_AFTER="600"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    pids = []
+    for line in proc.stderr:
+        if "started " in line:
+            pids.append(int(line.split("(pid ")[1].split(",")[0]))
+        if len(pids) == 3:
+            break
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 5
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids if pid_alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "servers outlived smoke"
+    assert proc.returncode == 128 + signal.SIGTERM
