@@ -106,6 +106,7 @@ def test_servers_start_like_the_service_with_synthetic_flags(tmp_path):
         assert opt("--load-format") == "dummy" and opt("--attention-backend") == "triton"
         assert opt("--mem-fraction-static") == "0.25"  # two or three servers share the GPU
         assert opt("--cuda-graph-max-bs") == "8"
+        assert opt("--max-total-tokens") == "65536"  # side-by-side starts cannot starve each other
         assert opt("--model-path") == str(tmp_path / "work" / "models" / "target")
         assert f"TRITON_CACHE_DIR={tmp_path / 'triton'}" in logs[run]  # one cache for all servers
     d = argv["DFLASH"]
@@ -200,6 +201,33 @@ def test_server_dying_at_start_stops_smoke_with_log_tail(tmp_path):
     assert "exited with status 1 before it was ready" in p.stderr
     assert "CUDA error: out of memory (replayed failure)" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_server_dying_at_start_while_another_is_measured(tmp_path):
+    """Together: the baseline is measured while DFLASH still starts; DFLASH's death ends it all."""
+    p = smoke(tmp_path, "--runs", "baseline,DFLASH", "--max-new-tokens", "16",
+              FAKE_SGLANG_DIE="start@DFLASH", FAKE_SGLANG_DIE_AFTER="1.5")
+    assert p.returncode == errors.SERVER_DIED_BEFORE_READY, p.stderr
+    assert "DFLASH server: SGLang exited with status 1 before it was ready" in p.stderr
+    assert "baseline ready after" in p.stderr
+
+
+def test_wait_all_measures_on_a_quiet_gpu(tmp_path):
+    p = smoke(tmp_path, "--json", "result.json", "--runs", "baseline,DFLASH", "--wait-all",
+              FAKE_SGLANG_READY_AFTER="0.3")
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert [r["measured_while_starting"] for r in result["runs"]] == [[], []]
+
+
+def test_default_measures_each_server_once_ready(tmp_path):
+    p = smoke(tmp_path, "--json", "result.json", "--runs", "baseline,DFLASH",
+              FAKE_SGLANG_READY_AFTER="0.2", FAKE_SGLANG_READY_AFTER_DFLASH="4")
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert [r["name"] for r in result["runs"]] == ["baseline", "DFLASH"]  # plan order in the report
+    assert [r["measured_while_starting"] for r in result["runs"]] == [["DFLASH"], []]
+    assert "baseline was measured while DFLASH still started" in p.stdout
 
 
 def pid_alive(pid: int) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 from dflashctl import loadgen, sglang_features, synthetic
 from dflashctl.errors import FAILED, PREFLIGHT_SGLANG, USAGE, DflashError
 from dflashctl.smoke_report import RunResult, summarise, table
-from dflashctl.smoke_servers import SPECULATIVE, say, start_server, stop_all, wait_all, watch_all
+from dflashctl.smoke_servers import SPECULATIVE, Fleet, say, start_server, stop_all
 # /server_info fields kept in the result (the whole answer holds every server argument).
 SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculative_draft_model_path",
                     "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",
@@ -60,6 +60,12 @@ def register(subparsers) -> None:
                        help="together: start every server at once on the GPU and measure them in turn "
                             "(default for the synthetic pair); sequential: one server at a time "
                             "(default for --model)")
+    start.add_argument("--wait-all", action="store_true",
+                       help="with --launch together: measure only once every server is ready (quieter GPU, "
+                            "slower; default: measure each server as soon as it is ready)")
+    start.add_argument("--max-total-tokens", type=int,
+                       help="KV-cache tokens per server (default 65536 for the synthetic pair: servers "
+                            "starting side by side cannot starve each other's memory profiling; 0: SGLang's)")
     start.add_argument("--mem-fraction-static", type=float,
                        help="per server (default 0.25 together, 0.5 sequential for the synthetic pair)")
     start.add_argument("--cuda-graph-max-bs", type=int,
@@ -217,7 +223,8 @@ def run(a) -> int:
 def _settings(a, plan_runs, synthetic_pair, launch, prompt_kind) -> dict:
     return {"runs": plan_runs, "requests": a.requests, "sequential_requests": a.sequential_requests,
             "max_new_tokens": a.max_new_tokens, "input_len": a.input_len, "seed": a.seed,
-            "prompts": prompt_kind, "launch": launch, "synthetic": synthetic_pair,
+            "prompts": prompt_kind, "launch": launch, "wait_all": bool(getattr(a, "wait_all", False)),
+            "synthetic": synthetic_pair,
             "ttft": "first streamed chunk carrying a token (client clock)"}
 
 
@@ -282,20 +289,24 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
         groups = [runs] if launch == "together" else [[r] for r in runs]
         for group in groups:
             t = time.monotonic()
-            batch = [start_server(a, r, target, draft, synthetic_pair, launch, work, started) for r in group]
-            wait_all(batch, a.start_timeout)
-            phases[f"start {'+'.join(group)}"] = time.monotonic() - t
-            for s in batch:
-                say(f"{s.run} ready after {s.startup_s:.1f}s")
-            for s in batch:
-                t = time.monotonic()
-                ep = loadgen.Endpoint(s.cfg.base_url)
-                results.append(measure(s.run, s.cfg.speculative.algorithm, ep, plan, a,
-                                       watch=watch_all(batch), startup_s=s.startup_s,
-                                       log=str(s.server.log_path) if a.work_dir else None))
-                phases[f"measure {s.run}"] = time.monotonic() - t
+            fleet = Fleet([start_server(a, r, target, draft, synthetic_pair, launch, work, started)
+                           for r in group], a.start_timeout)
+            # By default each server is measured as soon as it is ready, while the others still
+            # start (their CPU-bound compiling barely touches the GPU); --wait-all waits for all.
+            queue = [fleet.next_ready() for _ in group] if a.wait_all else []
+            while (s := queue.pop(0) if queue else fleet.next_ready()) is not None:
+                phases[f"ready {s.run}"] = time.monotonic() - t
+                busy = [o.run for o in fleet.started if o.startup_s is None]
+                t_m = time.monotonic()
+                result = measure(s.run, s.cfg.speculative.algorithm, loadgen.Endpoint(s.cfg.base_url), plan,
+                                 a, watch=fleet.check, startup_s=s.startup_s,
+                                 log=str(s.server.log_path) if a.work_dir else None)
+                result.measured_while_starting = busy
+                results.append(result)
+                phases[f"measure {s.run}"] = time.monotonic() - t_m
             if launch == "sequential":
-                stop_all(batch)
+                stop_all(fleet.started)
+        results.sort(key=lambda r: runs.index(r.name))
         phases["start to table"] = time.monotonic() - t0
         return results, plan
     finally:

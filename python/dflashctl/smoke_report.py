@@ -24,6 +24,7 @@ class RunResult:
     phases: list[PhaseResult] = field(default_factory=list)
     server_info: dict = field(default_factory=dict)  # the few fields we keep from /server_info
     log: str | None = None
+    measured_while_starting: list[str] = field(default_factory=list)  # servers still starting meanwhile
 
 
 def _phase_stats(p: PhaseResult) -> dict:
@@ -87,6 +88,7 @@ def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: 
             "phases": stats,
             "requests": {p.name: p.to_json()["requests"] for p in run.phases},
             "log": run.log,
+            "measured_while_starting": run.measured_while_starting,
             "ok": not fails,
         })
     return {
@@ -139,6 +141,10 @@ def table(result: dict) -> str:
     lines.append(f"{s.get('requests')} prompts x {s.get('max_new_tokens')} new tokens, greedy, ignore_eos; "
                  f"sequential = one at a time ({s.get('sequential_requests')} requests), concurrent = "
                  f"all {s.get('requests')} at once. TTFT and e2e: sequential means, client clock.")
+    for run in result["runs"]:
+        if run.get("measured_while_starting"):
+            lines.append(f"{run['name']} was measured while {', '.join(run['measured_while_starting'])} "
+                         "still started on the same GPU (--wait-all measures on a quiet GPU).")
     if result.get("note"):
         lines.append(result["note"])
     if result["phases_s"]:

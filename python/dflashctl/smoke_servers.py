@@ -19,6 +19,7 @@ from dflashctl.errors import SERVER_DIED_AFTER_READY, DflashError
 from dflashctl.server import Server
 
 SPECULATIVE = ("DFLASH", "DDTREE")
+DEFAULT_SYNTHETIC_KV_TOKENS = 65536  # 1 GiB for the synthetic target; smoke needs ~2.5k tokens
 
 
 def say(msg: str) -> None:
@@ -63,6 +64,12 @@ def instance_settings(a, run: str, target: str, draft: str | None, synthetic_pai
         extra += ["--cuda-graph-bs", *[b.strip() for b in a.cuda_graph_bs.split(",") if b.strip()]]
     if synthetic_pair and not a.piecewise_cuda_graph:
         extra.append("--disable-piecewise-cuda-graph")
+    # SGLang sizes the KV cache as free-after-load minus (1 - fraction) x free-before-load: if a
+    # neighbour allocates in between, that goes negative ("Not enough memory"). A cap keeps every
+    # server's allocation small, so side-by-side starts cannot race.
+    tokens = DEFAULT_SYNTHETIC_KV_TOKENS if a.max_total_tokens is None and synthetic_pair else a.max_total_tokens
+    if tokens:
+        extra += ["--max-total-tokens", str(tokens)]
     if extra:
         d["extraArgs"] = extra
     if a.gpu is not None:
@@ -117,46 +124,65 @@ def _renamed(run: str, e: DflashError) -> DflashError:
     return DflashError(f"{run} server: {e.what}", e.why, e.fix, e.exit_code)
 
 
-def wait_all(started: list[Started], timeout: float) -> None:
-    """Wait until every server is ready; the first that dies or times out ends the wait at once."""
-    status = {s.run: (0.0, "") for s in started}
-    errors: list[DflashError] = []
-    threads = []
+class Fleet:
+    """Servers starting side by side: hands them out as each becomes ready, so one can be measured
+    while the others still start, and `check()` raises as soon as any of them dies or times out."""
 
-    def waiter(s: Started) -> None:
-        try:
-            s.startup_s = s.server.wait_ready(timeout, on_progress=lambda t, line: status.__setitem__(s.run, (t, line)))
-        except DflashError as e:
-            errors.append(_renamed(s.run, e))
-
-    for s in started:
-        t = threading.Thread(target=waiter, args=(s,), daemon=True, name=f"wait-{s.run}")
-        t.start()
-        threads.append(t)
-    last = time.monotonic()
-    while any(t.is_alive() for t in threads) and not errors:
-        time.sleep(0.1)
-        if time.monotonic() - last >= 5:
-            last = time.monotonic()
-            for s in started:
-                if s.startup_s is None:
-                    t, line = status[s.run]
-                    say(f"starting {s.run}: {t:.0f}s, log: {line[:150]}")
-    if errors:
-        raise errors[0]
-
-
-def watch_all(started: list[Started]):
-    """A check that raises when any of our servers has exited (used while requests run)."""
-    def watch() -> None:
+    def __init__(self, started: list[Started], timeout: float):
+        self.started = started
+        self._status = {s.run: (0.0, "") for s in started}
+        self._errors: list[DflashError] = []
+        self._ready: list[Started] = []  # in the order they became ready
+        self._handed_out = 0
+        self._lock = threading.Lock()
         for s in started:
+            threading.Thread(target=self._wait, args=(s, timeout), daemon=True, name=f"wait-{s.run}").start()
+
+    def _wait(self, s: Started, timeout: float) -> None:
+        try:
+            s.startup_s = s.server.wait_ready(
+                timeout, on_progress=lambda t, line: self._status.__setitem__(s.run, (t, line)))
+            with self._lock:
+                self._ready.append(s)
+        except DflashError as e:
+            with self._lock:
+                self._errors.append(_renamed(s.run, e))
+
+    def check(self) -> None:
+        """Raise if a server died: before ready (wait_ready's error) or after (its exit status)."""
+        with self._lock:
+            if self._errors:
+                raise self._errors[0]
+            ready = list(self._ready)
+        for s in ready:
             rc = s.server.poll()
             if rc is not None:
                 raise DflashError(f"the {s.run} server exited with status {rc} while smoke requests ran",
                                   "its log ends with:\n" + "\n".join("    | " + line for line in
                                                                      s.server.log_tail().splitlines()),
                                   f"read the full log: {s.server.log_path}", SERVER_DIED_AFTER_READY)
-    return watch
+
+    def next_ready(self) -> Started | None:
+        """The next server that is ready (waiting for it, with progress on stderr); None when all
+        have been handed out."""
+        if self._handed_out == len(self.started):
+            return None
+        last = time.monotonic()
+        while True:
+            self.check()
+            with self._lock:
+                if len(self._ready) > self._handed_out:
+                    s = self._ready[self._handed_out]
+                    self._handed_out += 1
+                    say(f"{s.run} ready after {s.startup_s:.1f}s")
+                    return s
+            time.sleep(0.1)
+            if time.monotonic() - last >= 5:
+                last = time.monotonic()
+                for s in self.started:
+                    if s.startup_s is None:
+                        t, line = self._status[s.run]
+                        say(f"starting {s.run}: {t:.0f}s, log: {line[:150]}")
 
 
 def stop_all(started: list[Started]) -> None:

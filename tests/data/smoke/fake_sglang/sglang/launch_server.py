@@ -5,11 +5,13 @@ writes) and answers /health_generate, /server_info, /model_info and streamed /ge
 SGLang 0.5.11: cumulative `output_ids`, `meta_info` on every chunk, the speculative counters on the
 last one, then `data: [DONE]`.
 
-FAKE_SGLANG_DIE=start        exit 1 while "loading", with an error in the log
+FAKE_SGLANG_DIE=start        exit 1 while "loading" (after FAKE_SGLANG_DIE_AFTER s), an error in the log
 FAKE_SGLANG_DIE=generate:N   on the N-th /generate, after its first chunk: the server process exits
                              while a forked helper keeps the sockets open (as SGLang's scheduler
                              can), so only a client that watches the process notices at once
-FAKE_SGLANG_READY_AFTER=S    /health_generate answers 503 for S seconds (default 0.3)
+FAKE_SGLANG_DIE=...@RUN       only in the server of RUN (baseline, DFLASH, DDTREE)
+FAKE_SGLANG_READY_AFTER=S    /health_generate answers 503 for S seconds (default 0.3);
+                             FAKE_SGLANG_READY_AFTER_<RUN> for one run
 FAKE_SGLANG_HELPER_PIDFILE   where the forked helper writes its pid (tests check it is gone)
 FAKE_SGLANG_API_KEY=KEY      answer 401 unless `Authorization: Bearer KEY` (as --api-key does)
 """
@@ -35,8 +37,11 @@ with open(os.path.join(os.environ["FAKE_SGLANG_RECORDINGS"], f"{run}.json")) as 
     REC = json.load(f)
 BY_PROMPT = {json.dumps(g["request"].get("input_ids") or g["request"].get("text")): g
              for g in REC["generate"]}
-DIE = os.environ.get("FAKE_SGLANG_DIE", "")
-READY_AT = time.monotonic() + float(os.environ.get("FAKE_SGLANG_READY_AFTER", "0.3"))
+DIE, _, DIE_RUN = os.environ.get("FAKE_SGLANG_DIE", "").partition("@")
+if DIE_RUN and DIE_RUN != run:
+    DIE = ""
+READY_AT = time.monotonic() + float(os.environ.get(f"FAKE_SGLANG_READY_AFTER_{run}",
+                                                   os.environ.get("FAKE_SGLANG_READY_AFTER", "0.3")))
 generate_count = 0
 count_lock = threading.Lock()
 
@@ -49,6 +54,7 @@ log(f"server_args: {' '.join(sys.argv[1:])}")
 log(f"TRITON_CACHE_DIR={os.environ.get('TRITON_CACHE_DIR', '')}")
 API_KEY = os.environ.get("FAKE_SGLANG_API_KEY")
 if DIE == "start":
+    time.sleep(float(os.environ.get("FAKE_SGLANG_DIE_AFTER", "0")))
     log("Load weight begin.")
     print("RuntimeError: CUDA error: out of memory (replayed failure)", flush=True)
     sys.exit(1)
