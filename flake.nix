@@ -39,7 +39,18 @@
 
       overlays.default = import ./overlays { };
 
-      nixosModules.dflash = ./nix/module.nix;
+      # The module defaults to this flake's packages, built from this flake's nixpkgs: every host of
+      # one system gets the same store paths whatever nixpkgs the host itself follows.
+      nixosModules.dflash =
+        { lib, pkgs, ... }:
+        let
+          flakePackages = self.packages.${pkgs.stdenv.hostPlatform.system};
+        in
+        {
+          imports = [ ./nix/module.nix ];
+          services.dflash.package = lib.mkDefault flakePackages.dflash-env;
+          services.dflash.dflashctlPackage = lib.mkDefault flakePackages.dflashctl;
+        };
       nixosModules.default = self.nixosModules.dflash;
 
       packages = forAllSystems (

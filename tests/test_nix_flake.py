@@ -50,7 +50,8 @@ def test_outputs_present_without_nixpkgs():
             assert names <= set(out[attr][system]), (attr, system)
     assert set(out["formatter"]) == SYSTEMS
     assert "default" in out["overlays"]
-    assert out["nixosModules"] == {"dflash": "module.nix", "default": "module.nix"}
+    module = {"imports": ["module.nix"], "defaults": ["dflashctlPackage", "package"]}
+    assert out["nixosModules"] == {"dflash": module, "default": module}
 
 
 def test_lock_pins_nixpkgs():

@@ -18,6 +18,20 @@ in
   checks = perSystem "checks";
   formatter = builtins.attrNames outputs.formatter;
   overlays = builtins.attrNames outputs.overlays;
-  nixosModules = builtins.mapAttrs (_: m: baseNameOf (toString m)) outputs.nixosModules;
+  # Each module is a function of the host's lib/pkgs: call it with just enough to see what it
+  # imports and which defaults it sets (the package values themselves stay unevaluated).
+  nixosModules = builtins.mapAttrs (
+    _: m:
+    let
+      module = m {
+        lib.mkDefault = v: v;
+        pkgs.stdenv.hostPlatform.system = "x86_64-linux";
+      };
+    in
+    {
+      imports = map (i: baseNameOf (toString i)) module.imports;
+      defaults = builtins.attrNames module.services.dflash;
+    }
+  ) outputs.nixosModules;
   lib = builtins.attrNames outputs.lib;
 }
