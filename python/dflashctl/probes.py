@@ -176,7 +176,7 @@ def check_sgl_kernel(r: dict) -> Check:
     f, code = r["facts"], errors.PREFLIGHT_KERNEL
     fix = f"{LOCKED}: sglang-kernel 0.4.2, built for torch 2.11.0 + CUDA 13"
     if not r["ok"]:
-        if not_installed(r) and "sgl_kernel" in r.get("error", ""):
+        if not f.get("version"):
             return fail("sgl_kernel", "sgl_kernel (sglang-kernel) is not installed", fix, code, **evidence(r))
         where = f" on compute capability {f['compute_capability']}" if f.get("compute_capability") else ""
         return fail("sgl_kernel", f"sglang-kernel {f.get('version')} common_ops does not load{where}: "
