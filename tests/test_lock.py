@@ -272,3 +272,36 @@ def test_malformed_spec_is_one_clear_error(edit, complaint):
     with pytest.raises(DflashError) as e:
         specmod.parse(text.encode(), "stack.toml")
     assert complaint in str(e.value)
+
+
+# --- the command line (offline paths) ---------------------------------------------------------
+
+def _cli(*args, cwd):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=str(DATA.parents[2] / "python"))
+    return subprocess.run([sys.executable, "-m", "dflashctl", "lock", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+
+
+def test_cli_diff_table_and_json(tmp_path):
+    new = build()
+    old = _edited(new, ARM, "torch", sha256="0" * 64)
+    (tmp_path / "old.json").write_text(old.dumps())
+    (tmp_path / "new.json").write_text(new.dumps())
+    table = _cli("--diff", "old.json", "new.json", cwd=tmp_path)
+    assert table.returncode == 0
+    assert table.stdout.splitlines()[0].split() == ["SYSTEM", "PACKAGE", "CHANGE", "OLD", "NEW"]
+    assert table.stdout.splitlines()[1].split()[:3] == [ARM, "torch", "re-hashed"]
+    as_json = _cli("--diff", "old.json", "new.json", "--json", cwd=tmp_path)
+    (change,) = json.loads(as_json.stdout)
+    assert change["kind"] == "re-hashed" and change["package"] == "torch"
+
+
+def test_cli_malformed_spec_fails_without_traceback(tmp_path):
+    (tmp_path / "stack.toml").write_text((DATA / "stack.toml").read_text().replace('"x86_64-linux"', '"x86-linux"'))
+    r = _cli("--spec", "stack.toml", "--lock", "lock.json", cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("dflashctl lock: stack.toml is not a valid stack spec: unknown system 'x86-linux'")
+    assert not (tmp_path / "lock.json").exists()

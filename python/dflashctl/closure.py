@@ -6,6 +6,7 @@ following extras through `optional-dependencies` (torch needs cuda-toolkit[cubla
 
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import unquote
 
 from packaging.markers import Marker
@@ -27,8 +28,13 @@ def file_name(url: str) -> str:
     return unquote(url.rsplit("/", 1)[-1])
 
 
+@lru_cache(maxsize=None)
+def _marker(text: str) -> Marker:
+    return Marker(text)  # parsing dominates the walk; the same few markers repeat
+
+
 def _applies(marker: str | None, env: dict) -> bool:
-    return marker is None or Marker(marker).evaluate(env)
+    return marker is None or _marker(marker).evaluate(env)
 
 
 def _find(index: dict, dep: dict, env: dict) -> dict | None:

@@ -8,7 +8,6 @@
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dflashctl import contract, lockdiff, lockfile, resolver, spec as specmod
@@ -24,6 +23,8 @@ def lock_from_uv(uv_lock: dict, spec: specmod.Spec, torch_requires) -> Lock:
     (the network in real runs, captured metadata in tests). Raises one DflashError listing every
     broken rule; never returns a lock that breaks the contract.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     closures = {s: closure(uv_lock, spec, s) for s in spec.systems}
     with ThreadPoolExecutor(max_workers=len(closures)) as pool:
         requires = {s: pool.submit(torch_requires, s, c.urls["torch"])
@@ -45,8 +46,19 @@ def lock_from_uv(uv_lock: dict, spec: specmod.Spec, torch_requires) -> Lock:
 
 
 def resolve(spec: specmod.Spec, quiet: bool = False) -> Lock:
-    uv_lock = resolver.run_uv_lock(spec, quiet)
-    return lock_from_uv(uv_lock, spec, lambda system, url: resolver.requires_dist(url))
+    import tomllib
+    from concurrent.futures import ThreadPoolExecutor
+
+    text = resolver.run_uv_lock(spec, quiet)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        # torch's metadata downloads while the TOML parses; the chosen wheel is among these.
+        fetched = {url: pool.submit(resolver.requires_dist, url)
+                   for url in resolver.wheel_urls(text, "torch", spec.python)}
+
+        def torch_requires(system, url):
+            return (fetched.get(url) or pool.submit(resolver.requires_dist, url)).result()
+
+        return lock_from_uv(tomllib.loads(text), spec, torch_requires)
 
 
 def summary(lock: Lock) -> dict:

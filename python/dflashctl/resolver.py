@@ -7,14 +7,12 @@ name the index host, and the lock we commit must not.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import tomllib
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from dflashctl.errors import DflashError
@@ -36,6 +34,16 @@ def environment_marker(spec: Spec, system: str) -> str:
             f" and platform_machine == '{SYSTEMS[system]}'")
 
 
+def _python_range(target: str) -> str:
+    """requires-python spanning the target and the interpreter uv runs on (it refuses to lock a
+    project that excludes it). Narrow on purpose: uv.lock then lists no cp313+ wheels, halving
+    the file we parse. The target itself is fixed by the environment markers."""
+    running = sys.version_info[:2]
+    wanted = tuple(int(p) for p in target.split("."))
+    lo, hi = min(running, wanted), max(running, wanted)
+    return f">={lo[0]}.{lo[1]}, <{hi[0]}.{hi[1] + 1}"
+
+
 def project_toml(spec: Spec) -> str:
     """The throw-away pyproject.toml: JSON strings are valid TOML basic strings."""
     q = json.dumps
@@ -44,8 +52,7 @@ def project_toml(spec: Spec) -> str:
         "[project]",
         'name = "dflash-stack"',
         'version = "0"',
-        # uv needs an interpreter to run and this one (>= 3.11) will do: the targets are the markers.
-        'requires-python = ">=3.11"',
+        f"requires-python = {q(_python_range(spec.python))}",
         f"dependencies = [{', '.join(q(r) for r in spec.requirements)}]",
         "[tool.uv]",
         "package = false",
@@ -89,20 +96,35 @@ class Ticker:
                   file=sys.stderr, flush=True)
 
 
-def run_uv_lock(spec: Spec, quiet: bool = False) -> dict:
-    """Resolve `spec` with `uv lock`; the parsed uv.lock, or a DflashError saying why not."""
+def warm_up() -> None:
+    """Imports the steps after uv need (ssl alone takes ~0.1 s), done while uv runs."""
+    import concurrent.futures  # noqa: F401
+    import tomllib  # noqa: F401
+    import urllib.request  # noqa: F401
+
+
+def run_uv_lock(spec: Spec, quiet: bool = False) -> str:
+    """Resolve `spec` with `uv lock`; the uv.lock text, or a DflashError saying why not."""
     uv = uv_binary()
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", NO_COLOR="1")
     with tempfile.TemporaryDirectory(prefix="dflash-lock-") as tmp:
         Path(tmp, "pyproject.toml").write_text(project_toml(spec))
         label = f"resolving {len(spec.requirements)} requirements for {', '.join(spec.systems)} with uv"
         with Ticker(label, quiet) as ticker:
-            proc = subprocess.run([uv, "lock", "--python", sys.executable, "--directory", tmp],
-                                  env=env, capture_output=True, text=True)
+            proc = subprocess.Popen([uv, "lock", "--python", sys.executable, "--directory", tmp],
+                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True)
+            try:
+                warm_up()
+                _, stderr = proc.communicate()
+            finally:
+                if proc.poll() is None:  # interrupted: take uv down with us
+                    proc.kill()
+                    proc.wait()
             ticker.failed = proc.returncode != 0
         if proc.returncode != 0:
-            raise uv_failure(proc.stderr)
-        return tomllib.loads(Path(tmp, "uv.lock").read_text())
+            raise uv_failure(stderr)
+        return Path(tmp, "uv.lock").read_text()
 
 
 def uv_failure(stderr: str) -> DflashError:
@@ -128,8 +150,17 @@ def uv_failure(stderr: str) -> DflashError:
     return DflashError(what, f"uv says: {text}", fix + " (nothing was written)")
 
 
+def wheel_urls(uv_lock_text: str, name: str, python: str) -> list[str]:
+    """URLs of `name`'s Linux wheels for `python` in raw uv.lock text: lets the metadata fetch
+    start before the (slower) TOML parse."""
+    cp = "cp" + python.replace(".", "")
+    return re.findall(rf'url = "([^"]*/{re.escape(name)}-[^"/]*-{cp}-[^"/]*linux[^"/]*\.whl)"', uv_lock_text)
+
+
 def requires_dist(url: str, timeout: float = 60) -> list[str]:
     """A wheel's Requires-Dist lines from the index's PEP 658 metadata file (a few KiB)."""
+    import urllib.error
+    import urllib.request
     try:
         with urllib.request.urlopen(url + ".metadata", timeout=timeout) as r:
             text = r.read().decode()
