@@ -55,6 +55,8 @@ MALFORMED = [
     ("port-too-big", {**OK, "port": 70000}, "port: must be an integer from 1 to 65535 (got 70000)"),
     ("port-string", {**OK, "port": "30000"}, 'port: must be an integer from 1 to 65535 (got "30000")'),
     ("port-bool", {**OK, "port": True}, "port: must be an integer from 1 to 65535 (got true)"),
+    ("port-above-grpc-range", {**OK, "port": 59125},
+     "port: 59125 is above 55535: SGLang 0.5.11 derives its gRPC port as port + 10000"),
     ("tp-zero", {**OK, "tpSize": 0}, "tpSize: must be an integer from 1 to 64 (got 0)"),
     ("tp-larger-than-gpus", {**OK, "gpus": [0], "tpSize": 2},
      "tpSize: 2 is larger than the 1 GPU(s) given in gpus [0]"),
@@ -140,7 +142,9 @@ def test_every_problem_is_listed_at_once(tmp_path, capsys):
     two({"port": 1, "gpus": [0], "allowSharedGpus": True, "memFractionStatic": 0.4},
         {"port": 2, "gpus": [0], "allowSharedGpus": True, "memFractionStatic": 0.4}),
     two({"port": 1, "host": "10.0.0.1", "gpus": [0]}, {"port": 1, "host": "10.0.0.2", "gpus": [1]}),
-], ids=["minimal", "dflash", "full", "two-disjoint", "two-shared-allowed", "same-port-other-address"])
+    {**OK, "port": 60000, "environment": {"SGLANG_GRPC_PORT": "40000"}},
+], ids=["minimal", "dflash", "full", "two-disjoint", "two-shared-allowed", "same-port-other-address",
+        "high-port-with-grpc-port"])
 def test_valid_settings_pass(tmp_path, capsys, data):
     rc, text = run_validate(tmp_path, data, capsys=capsys)
     assert rc == 0, text

@@ -139,6 +139,10 @@ def _extra_args(v):
     return tuple(v)
 
 
+# SGLang 0.5.11 checks port + 10000 (its gRPC port, unless SGLANG_GRPC_PORT is set) <= 65535 at start.
+GRPC_PORT_OFFSET = 10000
+MAX_PORT = 65535 - GRPC_PORT_OFFSET
+
 SPECULATIVE_KEYS = {
     "algorithm": ("algorithm", _opt(_choice(*ALGORITHMS))),
     "numDraftTokens": ("num_draft_tokens", _opt(_int(1, 1024))),
@@ -264,6 +268,11 @@ def _rules(kw: dict) -> list[str]:
         out.append(f"tpSize: {tp} is larger than the {len(gpus)} GPU(s) given in gpus {list(gpus)}; "
                    f"list {tp} GPUs or lower tpSize")
     env = kw.get("environment", {})
+    port = kw.get("port", InstanceConfig.port)
+    if port > MAX_PORT and "SGLANG_GRPC_PORT" not in env:
+        out.append(f"port: {port} is above {MAX_PORT}: SGLang 0.5.11 derives its gRPC port as port + "
+                   f"{GRPC_PORT_OFFSET} and refuses to start past 65535; choose a port <= {MAX_PORT} "
+                   "or set environment.SGLANG_GRPC_PORT")
     if gpus and "CUDA_VISIBLE_DEVICES" in env:
         out.append("environment.CUDA_VISIBLE_DEVICES: conflicts with gpus; set the GPUs with gpus only")
     from dflashctl.sglang_args import MAPPED_FLAGS  # the mapping owns the flag names

@@ -199,16 +199,40 @@ def probe_driver(_, facts):
 
 
 def probe_sglang(algorithm, facts):
-    """Import what `launch_server` imports first and read the choices its parser really accepts."""
-    import argparse
+    """Where sglang is and the choices its parser offers, read from source with `ast`.
+
+    Importing sglang.srt.server_args costs ~20 s (it pulls in torch and most of SGLang), which a
+    preflight cannot afford; SGLang's own start imports it seconds later anyway.
+    """
+    import ast
+    import importlib.util
     facts["version"] = version("sglang")
-    from sglang.srt.server_args import ServerArgs
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    choices = {a.dest: list(a.choices or []) for a in parser._actions if a.choices}
-    facts["speculative_algorithms"] = choices.get("speculative_algorithm", [])
-    facts["grammar_backends"] = choices.get("grammar_backend", [])
     facts["algorithm"] = algorithm or None
+    spec = importlib.util.find_spec("sglang")  # a top-level find_spec executes nothing
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'sglang'")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "srt", "server_args.py")
+    facts["server_args"] = path
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    assigned = {t.id: node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)}
+
+    def strings(node):
+        node = assigned.get(node.id, node) if isinstance(node, ast.Name) else node
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        return None
+
+    choices = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            flags = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            for kw in node.keywords:
+                if kw.arg == "choices" and flags:
+                    choices[flags[0]] = strings(kw.value)
+    facts["speculative_algorithms"] = choices.get("--speculative-algorithm") or []
+    facts["grammar_backends"] = choices.get("--grammar-backend") or []
 
 
 def probe_crash(_, facts):  # used by the tests: a native crash, as a broken extension would cause

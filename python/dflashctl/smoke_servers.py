@@ -7,6 +7,7 @@ watching cover all of them: the first that dies ends everything within a second.
 """
 
 import os
+import random
 import socket
 import sys
 import threading
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl import config, sglang_args, synthetic
+from dflashctl.config import MAX_PORT
 from dflashctl.errors import SERVER_DIED_AFTER_READY, DflashError
 from dflashctl.server import Server
 
@@ -27,9 +29,17 @@ def say(msg: str) -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port SGLang accepts: at most config.MAX_PORT (it derives port + 10000)."""
+    for _ in range(200):
+        port = random.randint(20000, MAX_PORT)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise DflashError(f"no free loopback port between 20000 and {MAX_PORT}", "200 tries were all taken",
+                      "stop some local servers, or pass --url to test a running one")
 
 
 def _triton_cache(a) -> str | None:
