@@ -6,8 +6,8 @@
 #     source .gpu/setup.sh && bash benchmarks/gpu/smoke.sh
 #
 # A: the default smoke (baseline + DFLASH [+ DDTREE], started together), fresh Triton cache.
-# B: only if enough time is left: `--launch sequential` with its own fresh Triton cache, to compare
-#    the two launch modes (Python imports are warm for B: its start is slightly flattered).
+# B: only if enough time is left: $SMOKE_B_ARGS (default `--launch sequential`) with its own fresh
+#    Triton cache, to compare with A (Python imports are warm for B: its start is slightly flattered).
 # Extra arguments go to both runs, e.g. `bash benchmarks/gpu/smoke.sh --cuda-graph-bs 1,8`.
 #
 # Writes at most 8 files into $OUT (default ./smoke-out): summary.txt, A.json, A.out, A-logs.txt,
@@ -18,7 +18,8 @@ OUT=${OUT:-$PWD/smoke-out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-BUDGET=520
+BUDGET=${SMOKE_BUDGET:-520}
+B_ARGS=${SMOKE_B_ARGS:---launch sequential}  # run B's flags: the alternative to compare with A
 summary="$OUT/summary.txt"
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 T0=$(ms)
@@ -77,7 +78,8 @@ rcA=$?
 if [ -d /tmp/smoke-A-rec ]; then tar -C /tmp/smoke-A-rec -czf "$OUT/A-recorded.tar.gz" .; fi
 
 if [ "$(left)" -ge 240 ]; then
-  run_smoke B "$(left)" --launch sequential "$@"
+  # shellcheck disable=SC2086  # B_ARGS is a list of flags
+  run_smoke B "$(left)" $B_ARGS "$@"
 else
   stamp "B: skipped ($(left)s left of ${BUDGET}s)"
 fi
