@@ -77,7 +77,7 @@ run_smoke A 330 --record /tmp/smoke-A-rec "$@"
 rcA=$?
 if [ -d /tmp/smoke-A-rec ]; then tar -C /tmp/smoke-A-rec -czf "$OUT/A-recorded.tar.gz" .; fi
 
-if [ "$(left)" -ge 240 ]; then
+if [ "$(left)" -ge "${SMOKE_B_MIN:-240}" ]; then
   # shellcheck disable=SC2086  # B_ARGS is a list of flags
   run_smoke B "$(left)" $B_ARGS "$@"
 else
