@@ -381,3 +381,23 @@ def test_sigterm_while_servers_start_stops_them(tmp_path):
         os.kill(pid, signal.SIGKILL)
     assert not left, "servers outlived smoke"
     assert proc.returncode == 128 + signal.SIGTERM
+
+
+def test_real_h200_recording_replays_to_the_figures_it_recorded(tmp_path):
+    """Responses recorded from SGLang 0.5.11 on an H200 (benchmarks/gpu/smoke.sh --record, 2026-11-30):
+    the default load against them gives the acceptance SGLang itself reported for random weights."""
+    recs = DATA / "h200"
+    rec = json.loads((recs / "DFLASH.json").read_text())["settings"]
+    load = ["--requests", str(rec["requests"]), "--sequential-requests", str(rec["sequential_requests"]),
+            "--max-new-tokens", str(rec["max_new_tokens"]), "--input-len", str(rec["input_len"]),
+            "--seed", str(rec["seed"])]  # later flags win over smoke()'s fixture load
+    p = smoke(tmp_path, *load, "--runs", "baseline,DFLASH", "--json", "result.json", recs=recs)
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["ok"] and [r["name"] for r in result["runs"]] == ["baseline", "DFLASH"]
+    dflash = result["runs"][1]
+    metas = [g["final"]["meta_info"] for g in json.loads((recs / "DFLASH.json").read_text())["generate"]]
+    conc = dflash["phases"]["concurrent"]
+    assert conc["spec_verify_ct"] == sum(m["spec_verify_ct"] for m in metas[-conc["requests"]:]) > 0
+    assert 1.0 <= conc["accept_length"] < 1.01  # random weights: the drafter's guesses are rejected
+    assert all(m["completion_tokens"] == 256 for m in metas)
