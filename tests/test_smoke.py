@@ -142,6 +142,19 @@ def test_json_to_stdout_moves_table_to_stderr(tmp_path):
     assert "accept len" in p.stderr
 
 
+def test_first_start_on_a_host_says_that_kernels_compile_once(tmp_path):
+    """No tvm-ffi JIT cache yet: one line says why the start is slow; with a cache, no line."""
+    cache = tmp_path / "tvm-ffi"
+    cold = smoke(tmp_path, "--runs", "baseline", TVM_FFI_CACHE_DIR=str(cache))
+    assert cold.returncode == 0, cold.stderr
+    notes = [line for line in cold.stderr.splitlines() if "first start on this host" in line]
+    assert len(notes) == 1 and str(cache) in notes[0] and "about a minute" in notes[0]
+    (cache / "sgl_kernel_jit_rope").mkdir(parents=True)  # what SGLang's first start leaves behind
+    warm = smoke(tmp_path, "--runs", "baseline", TVM_FFI_CACHE_DIR=str(cache))
+    assert warm.returncode == 0, warm.stderr
+    assert "first start on this host" not in warm.stderr
+
+
 def fake_without_ddtree(tmp_path) -> Path:
     fake = tmp_path / "fake"
     shutil.copytree(FAKE, fake)

@@ -19,7 +19,7 @@ from pathlib import Path
 from dflashctl import loadgen, sglang_features, synthetic
 from dflashctl.errors import FAILED, PREFLIGHT_SGLANG, USAGE, DflashError
 from dflashctl.smoke_report import RunResult, summarise, table
-from dflashctl.smoke_servers import SPECULATIVE, Fleet, say, start_server, stop_all
+from dflashctl.smoke_servers import SPECULATIVE, Fleet, first_start_note, say, start_server, stop_all
 # /server_info fields kept in the result (the whole answer holds every server argument).
 SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculative_draft_model_path",
                     "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",
@@ -284,6 +284,9 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
         else:
             target, draft = a.model, a.draft_model
         say(f"runs: {', '.join(runs)}; launch {launch}; work dir {work}")
+        note = first_start_note()
+        if note:
+            say(note)
 
         results = []
         groups = [runs] if launch == "together" else [[r] for r in runs]

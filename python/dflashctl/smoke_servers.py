@@ -42,6 +42,25 @@ def _free_port() -> int:
                       "stop some local servers, or pass --url to test a running one")
 
 
+def jit_cache_dir(env=os.environ) -> Path:
+    """Where SGLang's JIT kernels (sgl_kernel_jit through tvm-ffi) are compiled to: tvm-ffi's rule."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    return Path(env.get("TVM_FFI_CACHE_DIR") or os.path.join(home, ".cache", "tvm-ffi"))
+
+
+def first_start_note(env=os.environ) -> str | None:
+    """A line for the user when SGLang has never compiled its JIT kernels here (about 50 s of nvcc
+    on an H200, docs/benchmarks.md); None once the cache holds something."""
+    cache = jit_cache_dir(env)
+    try:
+        if any(cache.iterdir()):
+            return None
+    except OSError:
+        pass  # no cache directory yet
+    return (f"first start on this host: SGLang compiles its JIT kernels with nvcc (about a minute); "
+            f"they are kept in {cache} and ~/.cache/flashinfer, so later starts skip it")
+
+
 def _triton_cache(a) -> str | None:
     if a.triton_cache == "none":
         return None
