@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl import errors, sdnotify
+from dflashctl import config, errors, sdnotify
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
@@ -20,9 +20,13 @@ NEVER = 60  # a bound no test should reach: serve must not wait out a timeout fo
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port the settings accept (<= config.MAX_PORT: SGLang derives its gRPC port + 10000)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port <= config.MAX_PORT:
+            return port
 
 
 class Notify:
@@ -200,3 +204,47 @@ def test_sdnotify_abstract_socket():
         assert sdnotify.notify("READY=1", {"NOTIFY_SOCKET": "@" + name})
         assert s.recv(100) == b"READY=1"
     assert sdnotify.notify("READY=1", {}) is False
+
+
+def _tool(directory: Path, name: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    tool = directory / name
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+
+
+def test_jit_toolchain_found_on_path_or_cuda_home(tmp_path):
+    from dflashctl.serve import jit_toolchain_warnings
+    bin_dir = tmp_path / "bin"
+    for name in ("nvcc", "c++", "nvidia-smi"):
+        _tool(bin_dir, name)
+    assert jit_toolchain_warnings({"PATH": str(bin_dir)}) == []
+    cuda = tmp_path / "cuda"
+    _tool(cuda / "bin", "nvcc")
+    (bin_dir / "nvcc").unlink()
+    assert jit_toolchain_warnings({"PATH": str(bin_dir), "CUDA_HOME": str(cuda)}) == []
+    (bin_dir / "nvidia-smi").unlink()
+    assert jit_toolchain_warnings({"PATH": str(bin_dir), "CUDA_HOME": str(cuda),
+                                   "TVM_FFI_CUDA_ARCH_LIST": "9.0"}) == []
+
+
+def test_jit_toolchain_names_each_missing_tool(tmp_path):
+    from dflashctl.serve import jit_toolchain_warnings
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    [w] = jit_toolchain_warnings({"PATH": str(empty), "CUDA_HOME": str(tmp_path / "nocuda"),
+                                  "CXX": "g++-13"})
+    assert "CUDA_HOME=" in w and "has no bin/nvcc" in w
+    assert "'g++-13'" in w and "nvidia-smi" in w and f"PATH={empty}" in w
+
+
+def test_preflight_warns_of_a_missing_jit_toolchain_before_the_probes(serve, tmp_path):
+    """The unit's PATH (systemd's default, or NixOS's coreutils-only path) may lack nvcc and c++."""
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    proc = serve("healthy", ["--python", sys.executable], env={"PATH": str(empty)})
+    _, err = proc.communicate(timeout=NEVER)
+    assert "preflight warning: SGLang compiles its JIT kernels" in err, err
+    assert "the C++ compiler 'c++'" in err
+    proc.notify.drain()
+    assert any("JIT kernels" in m for m in proc.notify.messages if m.startswith("STATUS="))

@@ -9,6 +9,7 @@ SIGTERM/SIGINT go to the whole process group; STOPPING=1 tells systemd we are on
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -62,6 +63,8 @@ def preflight(cfg: config.InstanceConfig, python: str) -> None:
     except ImportError as e:
         raise DflashError("dflashctl's preflight probes are missing", str(e),
                           "reinstall dflashctl; `--skip-preflight` starts without them", PREFLIGHT_SGLANG)
+    for w in jit_toolchain_warnings(sglang_args.build_env(cfg, dict(os.environ))):
+        say(f"preflight warning: {w}")
     say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver")
     checks = probes.preflight(cfg.grammar_backend, cfg.speculative.algorithm, python=python)
     for c in checks:
@@ -74,6 +77,35 @@ def preflight(cfg: config.InstanceConfig, python: str) -> None:
         raise DflashError(f"preflight {failed.name} failed; SGLang was not started", why,
                           failed.fix, failed.exit_code)
     say(f"preflight: {len(checks)} checks passed")
+
+
+def jit_toolchain_warnings(env: dict[str, str]) -> list[str]:
+    """What SGLang's first start compiles with, looked up as tvm-ffi and flashinfer do, in the child's env.
+
+    Their JIT kernels are built with nvcc (CUDA_HOME/CUDA_PATH, else nvcc on PATH, else
+    /usr/local/cuda), the host compiler `c++` (or CXX) and `nvidia-smi` for the GPU architecture
+    (unless TVM_FFI_CUDA_ARCH_LIST). A missing tool only shows after the weights have loaded, so say
+    it now. A warning, not a failure: a host may set these up in ways this cannot see.
+    """
+    path = env.get("PATH", os.defpath)
+    missing = []
+    cuda_home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if cuda_home:
+        if not os.access(Path(cuda_home, "bin", "nvcc"), os.X_OK):
+            missing.append(f"nvcc (CUDA_HOME={cuda_home} has no bin/nvcc)")
+    elif not shutil.which("nvcc", path=path) and not os.access("/usr/local/cuda/bin/nvcc", os.X_OK):
+        missing.append("nvcc (not on PATH, no CUDA_HOME, no /usr/local/cuda)")
+    cxx = env.get("CXX", "c++")
+    if not shutil.which(cxx, path=path):
+        missing.append(f"the C++ compiler {cxx!r}")
+    if "TVM_FFI_CUDA_ARCH_LIST" not in env and not shutil.which("nvidia-smi", path=path):
+        missing.append("nvidia-smi (tvm-ffi asks it for the GPU architecture)")
+    if not missing:
+        return []
+    return [f"SGLang compiles its JIT kernels at the first start (nvcc, c++; about a minute), but "
+            f"{'; '.join(missing)} cannot be found with PATH={path}: the start will fail after the "
+            "weights load. Install the CUDA 13 toolkit's nvcc and gcc/g++ on the host, or set "
+            "CUDA_HOME, CXX, PATH or TVM_FFI_CUDA_ARCH_LIST in the instance's environment"]
 
 
 def launch_argv(cfg: config.InstanceConfig, python: str, api_key: str | None,
