@@ -29,12 +29,13 @@ def nix_lib() -> str:
     pytest.skip("no nixpkgs lib here: set DFLASH_NIXPKGS_LIB or DFLASH_NIXPKGS")
 
 
-def evaluate(tmp_path: Path, instances: str) -> dict:
+def evaluate(tmp_path: Path, instances: str, flake: bool = False, top: str = "{ }") -> dict:
     nix_or_skip()
     f = tmp_path / "instances.nix"
     f.write_text(instances)
     r = subprocess.run(["nix-instantiate", "--eval", "--read-write-mode", "--strict", "--json", str(EVAL),
-                        "--arg", "lib", f"import {nix_lib()}", "--arg", "instances", f"import {f}"],
+                        "--arg", "lib", f"import {nix_lib()}", "--arg", "instances", f"import {f}",
+                        "--arg", "flake", "true" if flake else "false", "--arg", "top", top],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -94,3 +95,16 @@ def test_build_time_validation_refuses_a_shared_port(tmp_path):
 def test_api_key_in_the_store_fails_evaluation(tmp_path):
     out = evaluate(tmp_path, '{ a = { model = "m"; apiKeyFile = "/nix/store/abc-key"; }; }')
     assert any("apiKeyFile points into the Nix store" in m for m in out["failedAssertions"])
+
+
+def test_flake_module_defaults_to_the_flakes_packages(tmp_path):
+    """nixosModules.dflash wraps nix/module.nix; its package defaults yield to the host's own setting."""
+    out = evaluate(tmp_path, '{ a = { model = "m"; speculative.algorithm = "DFLASH"; draftModel = "d"; }; }',
+                   flake=True, top='{ services.dflash.dflashctlPackage = { type = "derivation"; '
+                                   'name = "mine"; outPath = "/nix/store/11111111111111111111111111111111-mine"; '
+                                   'meta.mainProgram = "dflashctl"; }; }')
+    exec_start = out["services"]["dflash-a"]["serviceConfig"]["ExecStart"]
+    assert exec_start.startswith("/nix/store/11111111111111111111111111111111-mine/bin/dflashctl serve")
+    assert "--python /nix/store/00000000000000000000000000000000-flake-dflash-env/bin/python" in exec_start
+    assert "flake-dflash-env/bin/python" in out["checks"][0]["script"]  # DDTREE/algorithm check
+    assert out["failedAssertions"] == []

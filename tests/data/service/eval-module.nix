@@ -2,14 +2,34 @@
 # touches are stubbed, packages are fake store paths. Used by tests/test_unit_module.py.
 #   nix-instantiate --eval --read-write-mode --strict --json eval-module.nix --arg lib 'import <nixpkgs.lib>/lib' \
 #     --arg instances 'import ./instances.nix'
-{ lib, instances }:
+# With `flake = true` the flake's nixosModules.dflash (the wrapper that defaults the packages to the
+# flake's own) is evaluated instead, with a fake `self`; `top` is more top-level module config.
+{
+  lib,
+  instances,
+  flake ? false,
+  top ? { },
+}:
 let
   fakePkg = name: {
     type = "derivation";
     inherit name;
     outPath = "/nix/store/00000000000000000000000000000000-${name}";
   };
+  system = "x86_64-linux";
+  fakeSelf = {
+    packages.${system} = {
+      dflash-env = fakePkg "flake-dflash-env";
+      dflashctl = fakePkg "flake-dflashctl";
+    };
+  };
+  flakeModule =
+    ((import ../../../flake.nix).outputs {
+      self = fakeSelf;
+      nixpkgs = throw "nixpkgs is not needed to evaluate the module";
+    }).nixosModules.dflash;
   pkgs = {
+    stdenv.hostPlatform.system = system;
     dflash-env = fakePkg "dflash-env";
     dflashctl = fakePkg "dflashctl";
     writeText = builtins.toFile; # a real file in the store, so the test can validate it
@@ -30,8 +50,9 @@ let
   eval = lib.evalModules {
     specialArgs = { inherit pkgs; };
     modules = [
-      ../../../nix/module.nix
+      (if flake then flakeModule else ../../../nix/module.nix)
       stubs
+      top
       { services.dflash.instances = instances; }
     ];
   };
