@@ -57,3 +57,35 @@ def test_preflight_refuses_an_unknown_grammar_backend():
         assert e.exit_code == errors.CONFIG
     else:
         raise AssertionError("an unknown backend was accepted")
+
+
+def test_doctor_on_a_python_without_the_stack_says_so_and_its_install_hint_runs(tmp_path):
+    """This test venv has no torch, no SGLang, no GPU: doctor reports it as checks, not a crash, and
+    the packages check's fix is a command that works as printed (export writes the file pip reads)."""
+    import json
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    proc = subprocess.run([sys.executable, "-m", "dflashctl", "doctor", "--json",
+                           "--lock", str(root / "nix/python-lock.json"), "--save", str(tmp_path / "fp.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == errors.FAILED, proc.stderr
+    assert "Traceback" not in proc.stderr
+    fp = json.loads(proc.stdout)
+    assert fp == json.loads((tmp_path / "fp.json").read_text())
+    checks = {c["name"]: c for c in fp["checks"]}
+    assert checks["torch"]["summary"] == "torch is not installed"
+    assert checks["sglang"]["status"] == "fail"
+    fix = checks["packages"]["fix"]
+    export, install = fix.split(": ", 1)[1].split(" && ")
+    argv = shlex.split(export)
+    assert argv[:2] == ["dflashctl", "export"]
+    out = Path(argv[argv.index("-o") + 1])
+    argv[argv.index("-o") + 1] = str(tmp_path / "req.txt")
+    subprocess.run([sys.executable, "-m", "dflashctl", *argv[1:]], check=True, capture_output=True)
+    lines = [ln for ln in (tmp_path / "req.txt").read_text().splitlines() if not ln.startswith("#")]
+    assert lines and all(" --hash=sha256:" in ln for ln in lines)
+    assert shlex.split(install) == [sys.executable, "-m", "pip", "install", "--no-deps", "--require-hashes",
+                                    "-r", str(out)]

@@ -65,7 +65,15 @@ def compare_with_lock(packages: dict, lock_path: Path, python_version: str) -> d
     }
 
 
-def lock_checks(lock: dict, python_version: str) -> list[probes.Check]:
+def install_locked_hint(lock: dict, python: str) -> str:
+    """The commands that put the locked wheels into `python`'s environment (export writes a file:
+    pip reads requirements from a path, not from stdin)."""
+    req = "/tmp/dflash-requirements.txt"
+    return (f"install the locked wheels: dflashctl export --system {lock['system']} --lock {lock['path']} "
+            f"-o {req} && {python} -m pip install --no-deps --require-hashes -r {req}")
+
+
+def lock_checks(lock: dict, python_version: str, python: str = "python3") -> list[probes.Check]:
     if "error" in lock:
         return [probes.warn("lock", f"installed packages not compared: {lock['error']}",
                             "pass --lock PATH to the lock of this stack")]
@@ -83,7 +91,7 @@ def lock_checks(lock: dict, python_version: str) -> list[probes.Check]:
     if missing or other:
         shown = ", ".join(named[:6]) + (f", … {len(named) - 6} more" if len(named) > 6 else "")
         checks.append(probes.fail("packages", f"{counts} against {lock['path']}: {shown}",
-                                  "install the locked wheels: `dflashctl export` | pip install --no-deps -r -",
+                                  install_locked_hint(lock, python),
                                   probes.errors.FAILED))
     elif extra:
         checks.append(probes.warn("packages", f"{counts}: {', '.join(list(extra)[:6])}",
@@ -93,9 +101,9 @@ def lock_checks(lock: dict, python_version: str) -> list[probes.Check]:
     return checks
 
 
-def doctor_checks(results: dict, lock: dict, python_version: str) -> list[probes.Check]:
+def doctor_checks(results: dict, lock: dict, python_version: str, python: str = "python3") -> list[probes.Check]:
     """Every check doctor reports, in root-cause order (the same functions serve's preflight uses)."""
-    checks = lock_checks(lock, python_version)
+    checks = lock_checks(lock, python_version, python)
     checks += [probes.check_driver(results["driver"]),
                probes.check_native("libcuda.so.1", results["libcuda"]),
                probes.check_native("libnuma.so.1", results["libnuma"]),
@@ -120,7 +128,7 @@ def build(python: str = sys.executable, lock_path: Path | str = lockfile.DEFAULT
     dists = results.pop("distributions")
     packages = dists["facts"].get("packages", {})
     lock = compare_with_lock(packages, Path(lock_path), py["facts"]["version"])
-    checks = doctor_checks(results, lock, py["facts"]["version"])
+    checks = doctor_checks(results, lock, py["facts"]["version"], py["facts"].get("executable", python))
     return {
         "fingerprint_version": FINGERPRINT_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
