@@ -216,6 +216,20 @@ def test_server_dying_at_start_stops_smoke_with_log_tail(tmp_path):
     assert "Traceback" not in p.stderr
 
 
+def test_a_failed_smoke_still_writes_its_json_and_replaces_an_old_one(tmp_path):
+    (tmp_path / "result.json").write_text('{"ok": true}')  # an earlier run's result
+    p = smoke(tmp_path, "--json", "result.json", "--runs", "DFLASH", FAKE_SGLANG_DIE="start")
+    assert p.returncode == errors.SERVER_DIED_BEFORE_READY, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["ok"] is False and result["runs"] == []
+    assert result["error"]["exit_code"] == errors.SERVER_DIED_BEFORE_READY
+    assert result["failures"] == [result["error"]["what"]] and "DFLASH server" in result["error"]["what"]
+    assert "replayed failure" in result["error"]["why"]  # the log tail travels with it
+    p = smoke(tmp_path, "--json", "-", "--runs", "DFLASH", FAKE_SGLANG_DIE="start")
+    assert p.returncode == errors.SERVER_DIED_BEFORE_READY
+    assert json.loads(p.stdout)["error"]["exit_code"] == errors.SERVER_DIED_BEFORE_READY
+
+
 def test_server_dying_at_start_while_another_is_measured(tmp_path):
     """Together: the baseline is measured while DFLASH still starts; DFLASH's death ends it all."""
     p = smoke(tmp_path, "--runs", "baseline,DFLASH", "--max-new-tokens", "16",

@@ -83,7 +83,9 @@ def register(subparsers) -> None:
     start.add_argument("--start-timeout", type=float, default=600, help="seconds a server may take to be ready (600)")
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE|-", help="write the full result as JSON to FILE; '-' prints it "
-                                                      "on stdout and moves the table to stderr")
+                                                      "on stdout and moves the table to stderr. Written also "
+                                                      "when a run or a server fails: {\"ok\": false, \"failures\": [...]}, "
+                                                      "plus \"error\" when a server or the setup failed")
     out.add_argument("--work-dir", help="keep models and server logs here (default: a temp dir, removed)")
     out.add_argument("--record", metavar="DIR", help="save every response in DIR (replayable by the tests)")
     p.set_defaults(func=run)
@@ -201,23 +203,33 @@ def run(a) -> int:
             results, plan = _run_local(a, phases, t0, work)
         phases["total"] = time.monotonic() - t0
         result = summarise(results, plan.settings, phases, plan.synthetic)
-        text = table(result)
-        if a.json == "-":
-            print(text, file=sys.stderr)
-            print(json.dumps(result, indent=2))
-        else:
-            print(text)
-            if a.json:
-                Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
-                say(f"result written to {a.json}")
+        print(table(result), file=sys.stderr if a.json == "-" else sys.stdout)
+        _write_json(a.json, result)
         ok = result["ok"]
         return 0 if ok else FAILED
+    except DflashError as e:
+        # A result file must never be a stale one from an earlier run, nor missing for a machine
+        # that reads it: the error goes into it, with the exit code the command ends with.
+        phases["total"] = time.monotonic() - t0
+        _write_json(a.json, {"ok": False, "failures": [e.what], "error": {
+            "what": e.what, "why": e.why, "fix": e.fix, "exit_code": e.exit_code},
+            "phases_s": {k: round(v, 2) for k, v in phases.items()}, "runs": []})
+        raise
     finally:
         if work is not None and not a.work_dir:
             if ok:
                 shutil.rmtree(work, ignore_errors=True)
             else:
                 say(f"kept {work} (models, server logs) for a look")
+
+
+def _write_json(dest: str | None, result: dict) -> None:
+    """--json FILE writes FILE; --json - prints on stdout (the table then went to stderr)."""
+    if dest == "-":
+        print(json.dumps(result, indent=2), flush=True)
+    elif dest:
+        Path(dest).write_text(json.dumps(result, indent=2) + "\n")
+        say(f"result written to {dest}")
 
 
 def _settings(a, plan_runs, synthetic_pair, launch, prompt_kind) -> dict:
