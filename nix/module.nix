@@ -349,6 +349,9 @@ let
   unitOf = name: i: {
     description = "DFlash SGLang instance ${name} (${i.model})";
     wantedBy = unitData.install.WantedBy;
+    # SGLang's first start compiles JIT kernels: nvcc comes from the stack's own wheels (serve
+    # points CUDA_HOME at them), the host compiler it and tvm-ffi call (gcc, c++) from here.
+    path = [ pkgs.stdenv.cc ];
     unitConfig = unitData.unit;
     serviceConfig =
       unitData.service

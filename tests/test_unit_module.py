@@ -62,6 +62,9 @@ def test_units_come_from_the_shared_file(tmp_path):
     for key, value in data["service"].items():
         assert qwen[key] == value, key
     assert out["services"]["dflash-qwen"]["unitConfig"] == data["unit"]
+    # the host compiler for SGLang's JIT kernels (nvcc itself comes from the stack's wheels)
+    assert [str(p) for p in out["services"]["dflash-qwen"]["path"]] == [
+        "/nix/store/00000000000000000000000000000000-gcc-wrapper"]
     assert qwen["LoadCredential"] == "api-key:/run/secrets/k"
     assert qwen["TimeoutStartSec"] == f"{900 + data['timeoutStartMarginSec']}s"
     assert out["services"]["dflash-llama"]["serviceConfig"]["User"] == "dflash"

@@ -235,6 +235,22 @@ def probe_sglang(algorithm, facts):
     facts["grammar_backends"] = choices.get("--grammar-backend") or []
 
 
+def probe_cuda_toolkit(_, facts):
+    """The stack's own CUDA toolkit: site-packages/nvidia/cu13 with bin/nvcc (the locked
+    nvidia-cuda-nvcc wheel), found without importing anything."""
+    import importlib.util
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []
+    facts["searched"] = roots
+    for root in roots:
+        cu13 = os.path.join(root, "cu13")
+        if os.access(os.path.join(cu13, "bin", "nvcc"), os.X_OK):
+            facts["cu13"] = cu13
+            facts["nvcc_version"] = version("nvidia-cuda-nvcc")
+            return
+    raise FileNotFoundError("no nvidia/cu13/bin/nvcc in " + (", ".join(roots) or "any nvidia package"))
+
+
 def probe_crash(_, facts):  # used by the tests: a native crash, as a broken extension would cause
     os.abort()
 

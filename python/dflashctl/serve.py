@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dflashctl import config, sdnotify, sglang_args
+from dflashctl import config, cuda_home, sdnotify, sglang_args
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_SGLANG, SERVER_DIED_AFTER_READY, DflashError)
 from dflashctl.server import Server, _describe, _indent
 from dflashctl.validate import warnings_for
@@ -57,13 +57,13 @@ def read_api_key(cfg: config.InstanceConfig, env: dict[str, str]) -> str | None:
     return key
 
 
-def preflight(cfg: config.InstanceConfig, python: str) -> None:
+def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]) -> None:
     try:
         from dflashctl import probes
     except ImportError as e:
         raise DflashError("dflashctl's preflight probes are missing", str(e),
                           "reinstall dflashctl; `--skip-preflight` starts without them", PREFLIGHT_SGLANG)
-    for w in jit_toolchain_warnings(sglang_args.build_env(cfg, dict(os.environ))):
+    for w in jit_toolchain_warnings(child_env):
         say(f"preflight warning: {w}")
     say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver")
     checks = probes.preflight(cfg.grammar_backend, cfg.speculative.algorithm, python=python)
@@ -83,9 +83,10 @@ def jit_toolchain_warnings(env: dict[str, str]) -> list[str]:
     """What SGLang's first start compiles with, looked up as tvm-ffi and flashinfer do, in the child's env.
 
     Their JIT kernels are built with nvcc (CUDA_HOME/CUDA_PATH, else nvcc on PATH, else
-    /usr/local/cuda), the host compiler `c++` (or CXX) and `nvidia-smi` for the GPU architecture
-    (unless TVM_FFI_CUDA_ARCH_LIST). A missing tool only shows after the weights have loaded, so say
-    it now. A warning, not a failure: a host may set these up in ways this cannot see.
+    /usr/local/cuda; cuda_home.provide points CUDA_HOME at the stack's own nvcc wheels) and the host
+    compiler `c++` (or CXX). SGLang 0.5.11 sets the GPU architecture itself (TVM_FFI_CUDA_ARCH_LIST
+    from torch), so nvidia-smi is not needed. A missing tool only shows after the weights have
+    loaded, so say it now. A warning, not a failure: a host may set these up in ways this cannot see.
     """
     path = env.get("PATH", os.defpath)
     missing = []
@@ -98,14 +99,12 @@ def jit_toolchain_warnings(env: dict[str, str]) -> list[str]:
     cxx = env.get("CXX", "c++")
     if not shutil.which(cxx, path=path):
         missing.append(f"the C++ compiler {cxx!r}")
-    if "TVM_FFI_CUDA_ARCH_LIST" not in env and not shutil.which("nvidia-smi", path=path):
-        missing.append("nvidia-smi (tvm-ffi asks it for the GPU architecture)")
     if not missing:
         return []
     return [f"SGLang compiles its JIT kernels at the first start (nvcc, c++; about a minute), but "
             f"{'; '.join(missing)} cannot be found with PATH={path}: the start will fail after the "
-            "weights load. Install the CUDA 13 toolkit's nvcc and gcc/g++ on the host, or set "
-            "CUDA_HOME, CXX, PATH or TVM_FFI_CUDA_ARCH_LIST in the instance's environment"]
+            "weights load. Install the locked stack (its nvidia-cuda-nvcc wheel provides nvcc) and "
+            "gcc/g++ on the host, or set CUDA_HOME, CXX or PATH in the instance's environment"]
 
 
 def launch_argv(cfg: config.InstanceConfig, python: str, api_key: str | None,
@@ -150,10 +149,11 @@ def run(args) -> int:
         print(json.dumps({"argv": argv, "env": child_env}, indent=2))
         return OK
     api_key = read_api_key(cfg, env)
+    child_env = cuda_home.provide(sglang_args.build_env(cfg, env), args.python)
     if not args.skip_preflight:
-        preflight(cfg, args.python)
+        preflight(cfg, args.python, child_env)
     server = Server(launch_argv(cfg, args.python, api_key, args.launcher),
-                    sglang_args.build_env(cfg, env), Path(args.log_file or default_log_path(cfg, env)),
+                    child_env, Path(args.log_file or default_log_path(cfg, env)),
                     cfg.base_url, api_key, echo=sys.stderr)
     _rotate(server.log_path)
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}

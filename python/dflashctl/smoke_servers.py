@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflashctl import config, sglang_args, synthetic
+from dflashctl import config, cuda_home, sglang_args, synthetic
 from dflashctl.config import MAX_PORT
 from dflashctl.errors import SERVER_DIED_AFTER_READY, DflashError
 from dflashctl.server import Server
@@ -140,7 +140,8 @@ def start_server(a, run: str, target: str, draft: str | None, synthetic_pair: bo
     It joins `started` before its process exists, so a SIGTERM at any moment still stops it."""
     d = instance_settings(a, run, target, draft, synthetic_pair, _free_port(), launch)
     cfg = config.from_dict(d, d["name"], origin="smoke settings")
-    srv = Server(sglang_args.build_argv(cfg, python=a.python), sglang_args.build_env(cfg),
+    srv = Server(sglang_args.build_argv(cfg, python=a.python),
+                 cuda_home.provide(sglang_args.build_env(cfg), a.python),
                  work / "logs" / f"{run}.log", cfg.base_url)
     s = Started(run, srv, cfg)
     started.append(s)

@@ -30,6 +30,7 @@ let
     }).nixosModules.dflash;
   pkgs = {
     stdenv.hostPlatform.system = system;
+    stdenv.cc = fakePkg "gcc-wrapper";
     dflash-env = fakePkg "dflash-env";
     dflashctl = fakePkg "dflashctl";
     writeText = builtins.toFile; # a real file in the store, so the test can validate it
