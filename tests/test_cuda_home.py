@@ -8,8 +8,9 @@ from dflashctl import cuda_home
 from dflashctl.serve import jit_toolchain_warnings
 
 
-def stack(tmp_path: Path, with_nvcc: bool = True) -> str:
-    """An interpreter whose site-packages holds nvidia/cu13 as the locked wheels lay it out."""
+def stack(tmp_path: Path, with_nvcc: bool = True, other_root: Path | None = None) -> str:
+    """An interpreter whose site-packages holds nvidia/cu13 as the locked wheels lay it out
+    (`other_root`: a second site directory later on the path, as a venv under PYTHONPATH)."""
     cu13 = tmp_path / "site" / "nvidia" / "cu13"
     for sub in ("bin", "include", "lib", "nvvm/bin"):
         (cu13 / sub).mkdir(parents=True)
@@ -21,7 +22,8 @@ def stack(tmp_path: Path, with_nvcc: bool = True) -> str:
     bin_dir = tmp_path / "env" / "bin"
     bin_dir.mkdir(parents=True)
     python = bin_dir / "python"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'site'} exec {sys.executable} \"$@\"\n")
+    path = os.pathsep.join(str(p) for p in (tmp_path / "site", other_root) if p)
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={path} exec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
     return str(python)
 
@@ -50,3 +52,20 @@ def test_explicit_cuda_home_wins(tmp_path):
 def test_stack_without_nvcc_leaves_the_host_toolkit(tmp_path):
     env = cuda_home.provide({"PATH": "/usr/bin", "HOME": str(tmp_path / "home")}, stack(tmp_path, with_nvcc=False))
     assert "CUDA_HOME" not in env
+
+
+def test_headers_and_libraries_of_every_root_are_merged(tmp_path):
+    """On the H200 the device's venv held cuBLAS (cublasLt.h) and PYTHONPATH held nvcc: flashinfer's
+    JIT failed with `cublasLt.h: No such file or directory` until both trees were merged."""
+    venv = tmp_path / "venv-site"
+    (venv / "nvidia" / "cu13" / "include").mkdir(parents=True)
+    (venv / "nvidia" / "cu13" / "lib").mkdir()
+    (venv / "nvidia" / "cu13" / "include" / "cublasLt.h").write_text("/* cublas */\n")
+    (venv / "nvidia" / "cu13" / "include" / "cuda_runtime.h").write_text("/* older copy */\n")
+    (venv / "nvidia" / "cu13" / "lib" / "libcublasLt.so.13").write_bytes(b"\x7fELF")
+    home = Path(cuda_home.provide({"PATH": "/usr/bin", "HOME": str(tmp_path / "home")},
+                                  stack(tmp_path, other_root=venv))["CUDA_HOME"])
+    assert (home / "include" / "cublasLt.h").read_text() == "/* cublas */\n"
+    assert (home / "include" / "cuda_runtime.h").read_text() == "/* header */\n"  # nvcc's root first
+    assert (home / "lib64" / "libcublasLt.so.13").exists() and (home / "lib64" / "libcudart.so").exists()
+    assert (home / "bin" / "nvcc").resolve() == tmp_path / "site/nvidia/cu13/bin/nvcc"

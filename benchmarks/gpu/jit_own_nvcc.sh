@@ -9,6 +9,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/jit-out}; mkdir -p "$OUT"
 mkdir -p /tmp/cuda && xz -d -T4 <.cuda/cuda.tar.xz | tar -x -C /tmp/cuda
+chmod +x /tmp/cuda/nvidia/cu13/bin/* /tmp/cuda/nvidia/cu13/nvvm/bin/*  # as pip sets them; zip extraction does not
+# Hide the host's toolkit too (tvm-ffi falls back to /usr/local/cuda when CUDA_HOME is unset).
+[ -e /usr/local/cuda ] && mv /usr/local/cuda /usr/local/cuda.hidden-by-jit-test
 export PYTHONPATH=/tmp/cuda:/tmp/site:$PWD/python PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 PATH=$(echo "$PATH" | tr ':' '\n' | grep -v cuda | paste -sd:)
 unset CUDA_HOME CUDA_PATH
@@ -18,6 +21,22 @@ summary=$OUT/summary.txt
   echo "nvcc on PATH: $(command -v nvcc || echo none); /usr/local/cuda: $(ls -d /usr/local/cuda 2>/dev/null || echo absent)"
   python3 -c 'import os, sys; from dflashctl import cuda_home; print("CUDA_HOME given to SGLang:", cuda_home.provide(dict(os.environ), sys.executable).get("CUDA_HOME"))'
 } 2>&1 | tee "$summary"
+if [ "${1:-smoke}" = flashinfer-norm ]; then  # the quick check: one flashinfer JIT module, ~40 s
+  t0=$(date +%s)
+  python3 - <<'PY' 2>&1 | tail -n 20 | tee -a "$summary"
+import os, sys, torch
+from dflashctl import cuda_home
+os.environ.update(cuda_home.provide(dict(os.environ), sys.executable))
+from flashinfer.norm import rmsnorm
+x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
+ref = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+err = (rmsnorm(x, w, eps=1e-6).float() - ref).abs().max().item()
+print(f"flashinfer rmsnorm JIT-compiled by {os.environ['CUDA_HOME']}/bin/nvcc: max abs error {err:.4f}")
+PY
+  echo "flashinfer-norm: $(( $(date +%s) - t0 )) s; JIT modules in the fresh HOME: $(find "$HOME/.cache" -name '*.so' | wc -l)" | tee -a "$summary"
+  exit 0
+fi
 t0=$(date +%s)
 timeout -k 5 300 python3 -m dflashctl smoke --work-dir /tmp/jit-work --json "$OUT/smoke.json" >/tmp/jit-smoke.out 2>&1
 rc=$?

@@ -242,6 +242,9 @@ def probe_cuda_toolkit(_, facts):
     spec = importlib.util.find_spec("nvidia")
     roots = list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []
     facts["searched"] = roots
+    # every cu13 tree: headers and libraries of one stack can sit in several roots (a venv plus
+    # PYTHONPATH); the one with nvcc comes first
+    facts["cu13_roots"] = [os.path.join(r, "cu13") for r in roots if os.path.isdir(os.path.join(r, "cu13"))]
     for root in roots:
         cu13 = os.path.join(root, "cu13")
         if os.access(os.path.join(cu13, "bin", "nvcc"), os.X_OK):
