@@ -4,7 +4,7 @@ import os
 import sys
 from pathlib import Path
 
-from dflashctl import cuda_home
+from dflashctl import cuda_home, probes
 from dflashctl.serve import jit_toolchain_warnings
 
 
@@ -69,3 +69,11 @@ def test_headers_and_libraries_of_every_root_are_merged(tmp_path):
     assert (home / "include" / "cuda_runtime.h").read_text() == "/* header */\n"  # nvcc's root first
     assert (home / "lib64" / "libcublasLt.so.13").exists() and (home / "lib64" / "libcudart.so").exists()
     assert (home / "bin" / "nvcc").resolve() == tmp_path / "site/nvidia/cu13/bin/nvcc"
+
+
+def test_doctor_reports_the_stacks_nvcc(tmp_path):
+    python = stack(tmp_path / "with")
+    found = probes.check_nvcc(probes.run_probe(python, "cuda_toolkit"))
+    assert found.status == "ok" and str(tmp_path / "with/site/nvidia/cu13") in found.summary
+    missing = probes.check_nvcc(probes.run_probe(stack(tmp_path / "without", with_nvcc=False), "cuda_toolkit"))
+    assert missing.status == "warn" and "cuda-toolkit[nvcc" in missing.fix

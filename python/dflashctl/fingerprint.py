@@ -28,7 +28,7 @@ DOCTOR_PROBES = {
     "triton": ("triton", ""), "sgl_kernel": ("sgl_kernel", ""),
     **{f"grammar:{b}": ("grammar", b) for b in probes.GRAMMAR_BACKENDS},
     "flashinfer": ("flashinfer", ""), "soundfile": ("soundfile", ""), "transformers": ("transformers", ""),
-    "sglang": ("sglang", ""),
+    "sglang": ("sglang", ""), "nvcc": ("cuda_toolkit", ""),
 }
 
 
@@ -113,7 +113,8 @@ def doctor_checks(results: dict, lock: dict, python_version: str, python: str = 
     checks += [probes.check_grammar(b, results[f"grammar:{b}"], required=(b == "xgrammar"))
                for b in probes.GRAMMAR_BACKENDS]
     checks += [probes.check_flashinfer(results["flashinfer"]), probes.check_soundfile(results["soundfile"]),
-               probes.check_transformers(results["transformers"]), probes.check_sglang(results["sglang"], None)]
+               probes.check_transformers(results["transformers"]), probes.check_sglang(results["sglang"], None),
+               probes.check_nvcc(results["nvcc"])]
     return checks
 
 

@@ -265,6 +265,18 @@ def check_flashinfer(r: dict) -> Check:
               f"{f['cubin_version']}", **evidence(r))
 
 
+def check_nvcc(r: dict) -> Check:
+    """The stack's own CUDA compiler, which serve hands SGLang's JIT as CUDA_HOME (cuda_home.py)."""
+    f = r["facts"]
+    if not r["ok"]:
+        return warn("nvcc", "the stack has no nvcc (nvidia-cuda-nvcc): SGLang's first start compiles JIT "
+                    "kernels with the host's CUDA toolkit, if any, or fails after the weights load",
+                    f"{LOCKED}: cuda-toolkit[nvcc,crt,nvvm,cccl] as nix/stack.toml pins it", **evidence(r))
+    return ok("nvcc", f"nvcc {f.get('nvcc_version') or '(no wheel metadata)'} from the stack ({f['cu13']}) "
+              "for SGLang's JIT kernels",
+              **evidence(r))
+
+
 def check_transformers(r: dict) -> Check:
     f = r["facts"]
     if not r["ok"]:
