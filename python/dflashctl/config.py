@@ -198,6 +198,18 @@ def _unknown(keys, known, where: str) -> list[str]:
     return out
 
 
+def _convert(d: dict, keys: dict, prefix: str, problems: list[str]) -> dict:
+    """Check and convert the keys of `d` that `keys` knows; each bad value becomes a problem."""
+    out = {}
+    for key, (attr, check) in keys.items():
+        if key in d:
+            try:
+                out[attr] = check(d[key])
+            except ValueError as e:
+                problems.append(f"{prefix}{key}: must be {e} (got {json.dumps(d[key])})")
+    return out
+
+
 def problems_of(d: Any, name: str | None = None) -> tuple[list[str], dict]:
     """Check one instance's JSON. Returns (problems, converted keyword arguments)."""
     if not isinstance(d, dict):
@@ -213,12 +225,7 @@ def problems_of(d: Any, name: str | None = None) -> tuple[list[str], dict]:
     kwargs["name"] = inst_name
     if "model" not in d:
         problems.append("model: required (a Hugging Face repo id or a local directory)")
-    for key, (attr, check) in KEYS.items():
-        if key in d:
-            try:
-                kwargs[attr] = check(d[key])
-            except ValueError as e:
-                problems.append(f"{key}: must be {e} (got {json.dumps(d[key])})")
+    kwargs.update(_convert(d, KEYS, "", problems))
     spec = d.get("speculative")
     try:
         spec = _speculative(spec)
@@ -227,14 +234,7 @@ def problems_of(d: Any, name: str | None = None) -> tuple[list[str], dict]:
         spec = {}
     if isinstance(spec, dict):
         problems += _unknown(spec, SPECULATIVE_KEYS, "speculative.")
-        skw = {}
-        for key, (attr, check) in SPECULATIVE_KEYS.items():
-            if key in spec:
-                try:
-                    skw[attr] = check(spec[key])
-                except ValueError as e:
-                    problems.append(f"speculative.{key}: must be {e} (got {json.dumps(spec[key])})")
-        spec = Speculative(**skw)
+        spec = Speculative(**_convert(spec, SPECULATIVE_KEYS, "speculative.", problems))
     kwargs["speculative"] = spec
     if not problems:
         problems += _rules(kwargs)
