@@ -14,7 +14,7 @@ let
   inherit (lib) mkOption types literalExpression;
 
   cfg = config.services.dflash;
-  unitData = lib.importJSON ../python/dflashctl/data/service-unit.json;
+  unitData = lib.importJSON ../python/dflashctl/service/data/service-unit.json;
   instances = lib.filterAttrs (_: i: i.enable) cfg.instances;
   dflashctl = lib.getExe' cfg.dflashctlPackage "dflashctl";
   pythonOf = i: "${i.package}/bin/python";

@@ -9,7 +9,7 @@ DATA = Path(__file__).resolve().parent / "data" / "lock"
 
 
 def spec():
-    from dflashctl import spec as specmod
+    from dflashctl.lock import spec as specmod
     return specmod.load(DATA / "stack.toml")
 
 
@@ -26,7 +26,7 @@ def package(uv: dict, name: str) -> dict:
 
 
 def build(uv=None, sp=None, requires=None):
-    from dflashctl.lock import lock_from_uv
+    from dflashctl.lock.lock import lock_from_uv
     requires = torch_requires() if requires is None else requires
     return lock_from_uv(uv_lock() if uv is None else uv, sp or spec(), lambda s, url: requires[s])
 

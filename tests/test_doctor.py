@@ -61,7 +61,7 @@ def lock(venvs, tmp_path_factory) -> Path:
     """A lock for this system made from the good venv: what a correct host has."""
     out = subprocess.run([str(venvs["good"]), "-m", "pip", "list", "--format=json"], check=True,
                          capture_output=True, text=True).stdout
-    from dflashctl.lockfile import canonical_name
+    from dflashctl.lock.lockfile import canonical_name
     from dflashctl.systems import current_system
     pkgs = {canonical_name(p["name"]): {"version": p["version"], "file": f"{p['name']}-{p['version']}-py3-none-any.whl",
                                         "size": 1, "sha256": "0" * 64, "dependencies": []}
@@ -150,7 +150,7 @@ def golden(name: str, text: str) -> None:
 
 
 def test_golden_table(venvs, lock, reports, tmp_path):
-    from dflashctl import doctor as doctor_module
+    from dflashctl.host import doctor as doctor_module
     text = doctor_module.render(reports["old"][1])
     golden("old.table.golden", normalise_table(text, venvs, lock))
 

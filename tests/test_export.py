@@ -10,7 +10,7 @@ import pytest
 from lockfixtures import build
 
 from dflashctl.errors import DflashError
-from dflashctl.export import requirements_text
+from dflashctl.lock.export import requirements_text
 
 REPO = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"^([a-z0-9-]+)==(\S+) --hash=sha256:([0-9a-f]{64})$")

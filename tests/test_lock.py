@@ -7,10 +7,10 @@ import random
 import pytest
 from lockfixtures import DATA, build, package, spec, torch_requires, uv_lock
 
-from dflashctl import lockdiff, lockfile
-from dflashctl import spec as specmod
 from dflashctl.errors import DflashError
-from dflashctl.wheels import best_wheel, tag_priority
+from dflashctl.lock import lockdiff, lockfile
+from dflashctl.lock import spec as specmod
+from dflashctl.lock.wheels import best_wheel, tag_priority
 
 X86, ARM = "x86_64-linux", "aarch64-linux"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from lockfixtures import DATA, build
 
-from dflashctl import lockfile
-from dflashctl.export import requirements_text
-from dflashctl.wheels import platforms
+from dflashctl.lock import lockfile
+from dflashctl.lock.export import requirements_text
+from dflashctl.lock.wheels import platforms
 
 pytestmark = pytest.mark.network
 REPO = Path(__file__).resolve().parent.parent

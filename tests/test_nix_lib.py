@@ -48,7 +48,7 @@ def test_real_lock_is_buildable_as_nix_packages():
 
 def test_nix_and_python_read_the_same_lock():
     """nix/lib/lock.nix and dflashctl.lockfile are the two readers; they must agree."""
-    from dflashctl import lockfile
+    from dflashctl.lock import lockfile
 
     for path in (REPO / "tests/data/nix/lock.json", REPO / "nix/python-lock.json"):
         expr = f"""let l = import {REPO}/nix/lib; lock = l.lock.read {path}; in

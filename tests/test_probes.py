@@ -2,7 +2,8 @@
 
 import sys
 
-from dflashctl import errors, probes
+from dflashctl import errors
+from dflashctl.host import probes
 
 
 def test_a_crashing_child_is_a_finding_with_its_stderr():

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl import config, errors, sdnotify
+from dflashctl import errors
+from dflashctl.service import config, sdnotify
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
@@ -214,7 +215,7 @@ def _tool(directory: Path, name: str) -> None:
 
 
 def test_jit_toolchain_found_on_path_or_cuda_home(tmp_path):
-    from dflashctl.serve import jit_toolchain_warnings
+    from dflashctl.service.serve import jit_toolchain_warnings
     bin_dir = tmp_path / "bin"
     for name in ("nvcc", "c++"):
         _tool(bin_dir, name)
@@ -226,7 +227,7 @@ def test_jit_toolchain_found_on_path_or_cuda_home(tmp_path):
 
 
 def test_jit_toolchain_names_each_missing_tool(tmp_path):
-    from dflashctl.serve import jit_toolchain_warnings
+    from dflashctl.service.serve import jit_toolchain_warnings
     empty = tmp_path / "empty"
     empty.mkdir()
     [w] = jit_toolchain_warnings({"PATH": str(empty), "CUDA_HOME": str(tmp_path / "nocuda"),

@@ -10,7 +10,7 @@ import pytest
 
 from dflashctl import errors
 from dflashctl.errors import DflashError
-from dflashctl.server import Server
+from dflashctl.service.server import Server
 
 STANDIN = Path(__file__).parent / "data" / "service" / "standin_server.py"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl import config, sglang_args
+from dflashctl.service import config, sglang_args
 
 GOLDEN = Path(__file__).parent / "data" / "service" / "argv"
 CASES = sorted(p.stem for p in GOLDEN.glob("*.json"))

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl import errors, loadgen
+from dflashctl import errors
+from dflashctl.smoke import loadgen
 
 DATA = Path(__file__).resolve().parent / "data" / "smoke"
 FAKE = DATA / "fake_sglang"

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from dflashctl import synthetic
 from dflashctl.errors import DflashError
+from dflashctl.smoke import synthetic
 
 
 def read_pair(tmp_path, shape=synthetic.PairShape()):

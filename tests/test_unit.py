@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl import cli, config, errors, serve, unit
+from dflashctl import cli, errors
+from dflashctl.service import config, serve, unit
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "data" / "service" / "units"
@@ -72,7 +73,7 @@ def test_exec_start_escapes_specifiers(tmp_path):
 
 def test_module_reads_the_same_file():
     module = (REPO / "nix" / "module.nix").read_text()
-    assert "../python/dflashctl/data/service-unit.json" in module
+    assert "../python/dflashctl/service/data/service-unit.json" in module
 
 
 def render_real(tmp_path: Path, case: str) -> Path:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import nix_or_skip
-from dflashctl import errors, unit
+from dflashctl import errors
+from dflashctl.service import unit
 
 HERE = Path(__file__).parent
 EVAL = HERE / "data" / "service" / "eval-module.nix"

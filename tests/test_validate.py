@@ -218,7 +218,7 @@ def test_speculative_with_a_package_without_sglang(tmp_path, capsys):
 
 
 def test_sglang_features_reads_choices_without_importing(tmp_path):
-    from dflashctl import sglang_features
+    from dflashctl.service import sglang_features
     python = fake_stack(tmp_path, ["DFLASH", "EAGLE3"])
     assert sglang_features.speculative_algorithms(python) == {"DFLASH", "EAGLE3"}
     assert sglang_features.speculative_algorithms(fake_stack(tmp_path / "x", None)) == set()

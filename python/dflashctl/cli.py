@@ -13,14 +13,14 @@ from dflashctl.errors import DflashError
 
 # subcommand -> module; imported lazily so one broken module cannot break the others.
 COMMANDS = {
-    "lock": "dflashctl.lock",
-    "export": "dflashctl.export",
-    "doctor": "dflashctl.doctor",
-    "diff": "dflashctl.fingerprint_diff",
-    "validate": "dflashctl.validate",
-    "serve": "dflashctl.serve",
-    "unit": "dflashctl.unit",
-    "smoke": "dflashctl.smoke",
+    "lock": "dflashctl.lock.lock",
+    "export": "dflashctl.lock.export",
+    "doctor": "dflashctl.host.doctor",
+    "diff": "dflashctl.host.fingerprint_diff",
+    "validate": "dflashctl.service.validate",
+    "serve": "dflashctl.service.serve",
+    "unit": "dflashctl.service.unit",
+    "smoke": "dflashctl.smoke.smoke",
 }
 
 

@@ -10,7 +10,7 @@ FAILED = 1  # a check found a problem (lock --check, doctor, diff, smoke)
 USAGE = 2  # argparse's own code for bad arguments
 
 # Failures that repeat identically on every start: systemd must not restart them
-# (listed in RestartPreventExitStatus in python/dflashctl/data/service-unit.json; a test keeps both in step).
+# (listed in RestartPreventExitStatus in python/dflashctl/service/data/service-unit.json; a test keeps both in step).
 CONFIG = 78  # EX_CONFIG: the instance settings are invalid
 PREFLIGHT_TORCH = 80  # torch missing, not the CUDA 13 build, or no GPU visible
 PREFLIGHT_KERNEL = 81  # sgl_kernel's common_ops does not load on this GPU

@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2] / "python"))
 
 from dflashctl import resolver, spec as specmod  # noqa: E402
-from dflashctl.closure import closure  # noqa: E402
+from dflashctl.lock.closure import closure  # noqa: E402
 
 
 def sanitise(text: str) -> str:

@@ -14,8 +14,10 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from dflashctl import __version__, lockfile, probes
+from dflashctl import __version__
 from dflashctl.errors import DflashError
+from dflashctl.host import probes
+from dflashctl.lock import lockfile
 from dflashctl.systems import current_system
 
 FINGERPRINT_VERSION = 1

@@ -8,7 +8,9 @@ import json
 import sys
 import time
 
-from dflashctl import errors, fingerprint, lockfile
+from dflashctl import errors
+from dflashctl.host import fingerprint
+from dflashctl.lock import lockfile
 
 
 def register(subparsers) -> None:

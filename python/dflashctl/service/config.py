@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dflashctl.errors import CONFIG, DflashError
+from dflashctl.service.sglang_args import MAPPED_FLAGS  # the mapping owns the flag names
 
 ALGORITHMS = ("DFLASH", "DDTREE", "EAGLE3")
 NEEDS_DRAFT = ("DFLASH", "DDTREE", "EAGLE3")
@@ -275,7 +276,6 @@ def _rules(kw: dict) -> list[str]:
                    "or set environment.SGLANG_GRPC_PORT")
     if gpus and "CUDA_VISIBLE_DEVICES" in env:
         out.append("environment.CUDA_VISIBLE_DEVICES: conflicts with gpus; set the GPUs with gpus only")
-    from dflashctl.sglang_args import MAPPED_FLAGS  # the mapping owns the flag names
     for arg in kw.get("extra_args", ()):
         flag = arg.split("=", 1)[0]
         if flag in MAPPED_FLAGS:

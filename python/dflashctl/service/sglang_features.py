@@ -7,8 +7,8 @@ of `python` and parses the `choices` of SGLang's parser with `ast`.
 
 import sys
 
-from dflashctl import probes
 from dflashctl.errors import CONFIG, DflashError
+from dflashctl.host import probes
 
 
 def probe(python: str = sys.executable, timeout: float = 20.0) -> dict:

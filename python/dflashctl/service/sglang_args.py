@@ -3,10 +3,14 @@
 Nothing else (not the NixOS module, not the unit renderer) knows SGLang's flag names.
 """
 
+from __future__ import annotations
+
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from dflashctl.config import InstanceConfig
+if TYPE_CHECKING:  # config imports MAPPED_FLAGS from here; the settings type is only annotated
+    from dflashctl.service.config import InstanceConfig
 
 # Flags this module sets, with the option that owns each (extraArgs may not repeat them).
 MAPPED_FLAGS = {

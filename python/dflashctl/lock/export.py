@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from dflashctl import lockfile
 from dflashctl.errors import DflashError
-from dflashctl.lockfile import Lock
+from dflashctl.lock import lockfile
+from dflashctl.lock.lockfile import Lock
 from dflashctl.systems import SYSTEMS
 
 

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dflashctl import probes
+from dflashctl.host import probes
 
 
 def stack_toolkit(python: str) -> list[Path]:

@@ -6,7 +6,7 @@ Pure data in, data out: tests feed it what the real client measured against reco
 import statistics
 from dataclasses import dataclass, field
 
-from dflashctl.loadgen import PhaseResult
+from dflashctl.smoke.loadgen import PhaseResult
 
 RANDOM_WEIGHTS_NOTE = ("The synthetic models have random weights: the drafter guesses at random, so "
                        "acceptance length near 1 and a slowdown are expected. These figures prove that "

@@ -10,9 +10,9 @@ import json
 import sys
 from itertools import combinations
 
-from dflashctl import config, sglang_features
-from dflashctl.config import InstanceConfig
 from dflashctl.errors import CONFIG, OK, DflashError
+from dflashctl.service import config, sglang_features
+from dflashctl.service.config import InstanceConfig
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 

@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dflashctl import config
 from dflashctl.errors import OK, DflashError
+from dflashctl.service import config
 
 UNIT_DATA = Path(__file__).with_name("data") / "service-unit.json"
 
@@ -72,7 +72,7 @@ def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python:
     dropped = [k for k, v in data["minSystemd"].items() if systemd is not None and systemd < v]
     for key in dropped:
         service.pop(key, None)
-    head = [f"# Rendered by `dflashctl unit` from dflashctl/data/service-unit.json for instance {cfg.name!r}.",
+    head = [f"# Rendered by `dflashctl unit` from dflashctl/service/data/service-unit.json for instance {cfg.name!r}.",
             "# Settings: " + config_path]
     if dropped:
         head.append(f"# Left out for systemd {systemd}: " + ", ".join(dropped))

@@ -4,7 +4,7 @@ from dataclasses import asdict, dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from dflashctl.lockfile import Lock
+from dflashctl.lock.lockfile import Lock
 
 # Change kinds, in the order a reader cares about them.
 KINDS = ("re-hashed", "added", "removed", "upgraded", "downgraded", "re-wheeled", "deps", "setting")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from dflashctl.errors import DflashError
-from dflashctl.spec import Spec
+from dflashctl.lock.spec import Spec
 from dflashctl.systems import SYSTEMS
 
 

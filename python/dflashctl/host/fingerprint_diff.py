@@ -9,7 +9,8 @@ errors.FAILED when an ABI-breaking difference exists.
 import json
 import sys
 
-from dflashctl import errors, fingerprint
+from dflashctl import errors
+from dflashctl.host import fingerprint
 
 ABI, VERSION, OTHER = "abi", "version", "other"
 

@@ -10,10 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from dflashctl import contract, lockdiff, lockfile, resolver, spec as specmod
-from dflashctl.closure import closure
 from dflashctl.errors import FAILED, DflashError
-from dflashctl.lockfile import Lock
+from dflashctl.lock import contract, lockdiff, lockfile, resolver
+from dflashctl.lock import spec as specmod
+from dflashctl.lock.closure import closure
+from dflashctl.lock.lockfile import Lock
 
 
 def lock_from_uv(uv_lock: dict, spec: specmod.Spec, torch_requires) -> Lock:

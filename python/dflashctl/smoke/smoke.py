@@ -16,10 +16,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dflashctl import loadgen, sglang_features, synthetic
 from dflashctl.errors import FAILED, PREFLIGHT_SGLANG, USAGE, DflashError
-from dflashctl.smoke_report import RunResult, summarise, table
-from dflashctl.smoke_servers import SPECULATIVE, Fleet, first_start_note, say, start_server, stop_all
+from dflashctl.service import sglang_features
+from dflashctl.smoke import loadgen, synthetic
+from dflashctl.smoke.report import RunResult, summarise, table
+from dflashctl.smoke.servers import SPECULATIVE, Fleet, first_start_note, say, start_server, stop_all
 # /server_info fields kept in the result (the whole answer holds every server argument).
 SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculative_draft_model_path",
                     "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",

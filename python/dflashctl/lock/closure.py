@@ -11,9 +11,9 @@ from urllib.parse import unquote
 
 from packaging.markers import Marker
 
-from dflashctl.lockfile import LockedWheel, canonical_name
-from dflashctl.spec import Spec
-from dflashctl.wheels import best_wheel, marker_env, tag_priority
+from dflashctl.lock.lockfile import LockedWheel, canonical_name
+from dflashctl.lock.spec import Spec
+from dflashctl.lock.wheels import best_wheel, marker_env, tag_priority
 
 
 @dataclass

@@ -8,9 +8,9 @@ sglang-kernel built for another torch, xgrammar 0.1.10, a missing soundfile.
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
-from dflashctl.lockfile import LockedWheel, canonical_name
-from dflashctl.spec import Contract
-from dflashctl.wheels import marker_env
+from dflashctl.lock.lockfile import LockedWheel, canonical_name
+from dflashctl.lock.spec import Contract
+from dflashctl.lock.wheels import marker_env
 
 
 def torch_requirements(requires_dist: list[str], system: str, python: str) -> dict[str, Requirement]:

@@ -15,10 +15,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflashctl import config, cuda_home, sglang_args, synthetic
-from dflashctl.config import MAX_PORT
 from dflashctl.errors import SERVER_DIED_AFTER_READY, DflashError
-from dflashctl.server import Server
+from dflashctl.host import cuda_home
+from dflashctl.service import config, sglang_args
+from dflashctl.service.config import MAX_PORT
+from dflashctl.service.server import Server
+from dflashctl.smoke import synthetic
 
 SPECULATIVE = ("DFLASH", "DDTREE")
 DEFAULT_SYNTHETIC_KV_TOKENS = 65536  # 1 GiB for the synthetic target; smoke needs ~2.5k tokens

@@ -15,10 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dflashctl import config, cuda_home, sdnotify, sglang_args
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_SGLANG, SERVER_DIED_AFTER_READY, DflashError)
-from dflashctl.server import Server, _describe, _indent
-from dflashctl.validate import warnings_for
+from dflashctl.host import cuda_home
+from dflashctl.service import config, sdnotify, sglang_args
+from dflashctl.service.server import Server, _describe, _indent
+from dflashctl.service.validate import warnings_for
 
 CREDENTIAL = "api-key"  # LoadCredential=api-key:<apiKeyFile> in the unit
 LAUNCHER_ENV = "DFLASHCTL_SGLANG_LAUNCHER"  # for tests: replaces `python -m sglang.launch_server`
@@ -59,7 +60,7 @@ def read_api_key(cfg: config.InstanceConfig, env: dict[str, str]) -> str | None:
 
 def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]) -> None:
     try:
-        from dflashctl import probes
+        from dflashctl.host import probes
     except ImportError as e:
         raise DflashError("dflashctl's preflight probes are missing", str(e),
                           "reinstall dflashctl; `--skip-preflight` starts without them", PREFLIGHT_SGLANG)

@@ -10,7 +10,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 
 from dflashctl.errors import DflashError
-from dflashctl.lockfile import canonical_name
+from dflashctl.lock.lockfile import canonical_name
 from dflashctl.systems import SYSTEMS
 
 

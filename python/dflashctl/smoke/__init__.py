@@ -1,0 +1,6 @@
+"""Proof that a host decodes with DFlash: `dflashctl smoke` (Entry point: `smoke.py`).
+
+`synthetic.py` writes a random-weight target and drafter, `servers.py` starts them through the
+service's own path, `loadgen.py` streams requests and watches the servers, `report.py` renders
+the table and JSON and decides the exit code.
+"""

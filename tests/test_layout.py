@@ -1,0 +1,119 @@
+"""The package's architecture: four capabilities whose imports run one way, and no circles.
+
+smoke -> service -> host -> lock: each subpackage imports only those after it and the shared
+top-level modules. Imports under `if TYPE_CHECKING:` are annotations only and do not count.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "python" / "dflashctl"
+ORDER = ["smoke", "service", "host", "lock"]  # each may import those after it
+SHARED = {"cli", "errors", "systems", "__init__", "__main__"}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """Modules of dflashctl imported when `path` runs (TYPE_CHECKING blocks skipped)."""
+    tree = ast.parse(path.read_text())
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for n in ast.walk(node))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("dflashctl"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dflashctl"):
+            for a in node.names:  # `from dflashctl.lock import lockfile` imports a module
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if (PKG.parent / sub.replace(".", "/")).with_suffix(".py").exists() else node.module)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): runtime_imports(p) for p in PKG.rglob("*.py")}
+
+
+def capability(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ORDER else None
+
+
+def test_tree_has_the_four_capabilities():
+    for sub in ORDER:
+        init = PKG / sub / "__init__.py"
+        assert init.exists(), f"dflashctl/{sub}/ is missing"
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and "entry point" in doc.lower(), f"dflashctl/{sub}/__init__.py must say its entry points"
+    loose = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in SHARED)
+    assert not loose, f"modules outside a capability: {loose}"
+
+
+def test_imports_run_one_way():
+    wrong = []
+    for mod, deps in graph().items():
+        src = capability(mod)
+        for dep in deps:
+            dst = capability(dep)
+            if dst is None or src is None:
+                if src is None and dst is not None and mod.split(".")[-1] in SHARED - {"cli"}:
+                    wrong.append(f"{mod} (shared) imports {dep}")
+                continue
+            if ORDER.index(dst) < ORDER.index(src):
+                wrong.append(f"{mod} ({src}) imports {dep} ({dst}): against smoke -> service -> host -> lock")
+    assert not wrong, "\n".join(wrong)
+
+
+def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for d in sorted(g.get(n, ())):
+            if d not in g:
+                continue
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state and (c := visit(d)):
+                return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(g):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_no_import_circle():
+    cycle = find_cycle(graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("g, expected", [
+    ({"a": {"b"}, "b": {"a"}}, ["a", "b", "a"]),
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+])
+def test_cycle_finder_finds_circles(g, expected):
+    assert find_cycle(g) == expected
+
+
+def test_type_checking_imports_do_not_count(tmp_path):
+    f = PKG / "service" / "sglang_args.py"
+    assert "dflashctl.service.config" not in runtime_imports(f)
+    assert "dflashctl.service.sglang_args" in runtime_imports(PKG / "service" / "config.py")
