@@ -71,8 +71,9 @@ let
     ${lib.concatStringsSep "\n" (
       lib.mapAttrsToList (
         name: i:
-        lib.optionalString (i.speculative.algorithm != null)
-          "${dflashctl} validate ${settingsFile name i} --python ${pythonOf i}"
+        lib.optionalString (
+          i.speculative.algorithm != null
+        ) "${dflashctl} validate ${settingsFile name i} --python ${pythonOf i}"
       ) instances
     )}
     touch $out
@@ -411,7 +412,9 @@ in
 
     system.checks = [ validation ];
 
-    systemd.services = lib.mapAttrs' (name: i: lib.nameValuePair "dflash-${name}" (unitOf name i)) instances;
+    systemd.services = lib.mapAttrs' (
+      name: i: lib.nameValuePair "dflash-${name}" (unitOf name i)
+    ) instances;
 
     users = lib.mkMerge (
       lib.mapAttrsToList (

@@ -14,16 +14,13 @@ rec {
 
   # Everything `name` needs at run time, itself excluded: the wheels whose libraries its ELF
   # files may link against.
-  dependencyClosure =
-    packages: name: closure packages (packages.${name}.dependencies or [ ]);
+  dependencyClosure = packages: name: closure packages (packages.${name}.dependencies or [ ]);
 
   # { package = [ names it depends on that the set lacks ]; } for packages with any.
   missingDependencies =
     packages:
     let
-      missing = builtins.mapAttrs (
-        _: p: builtins.filter (d: !(packages ? ${d})) p.dependencies
-      ) packages;
+      missing = builtins.mapAttrs (_: p: builtins.filter (d: !(packages ? ${d})) p.dependencies) packages;
     in
     removeEmpty missing;
 

@@ -23,20 +23,17 @@ rec {
     if !(lock.systems ? ${system}) then
       throw "dflash: the lock has no packages for ${system} (it covers ${builtins.concatStringsSep ", " (systems lock)}); add it to `systems` in nix/stack.toml and run `dflashctl lock`"
     else
-      builtins.mapAttrs (
-        name: p:
-        {
-          inherit name;
-          inherit (p)
-            version
-            file
-            size
-            sha256
-            dependencies
-            ;
-          fetchPypi = wheel.fetchPypiArgs { inherit (p) file sha256; };
-        }
-      ) lock.systems.${system}.packages;
+      builtins.mapAttrs (name: p: {
+        inherit name;
+        inherit (p)
+          version
+          file
+          size
+          sha256
+          dependencies
+          ;
+        fetchPypi = wheel.fetchPypiArgs { inherit (p) file sha256; };
+      }) lock.systems.${system}.packages;
 
   rootsFor = lock: system: lock.systems.${system}.roots or [ ];
 }

@@ -6,5 +6,6 @@ let
   fixups = nixLib.fixups.discover ../../overlays/fixups;
 in
 builtins.mapAttrs (
-  name: _: builtins.filter (system: lock.systems.${system}.packages ? ${name}) (nixLib.lock.systems lock)
+  name: _:
+  builtins.filter (system: lock.systems.${system}.packages ? ${name}) (nixLib.lock.systems lock)
 ) fixups

@@ -14,9 +14,7 @@ let
       inherit roots;
       rootsMissing = builtins.filter (r: !(packages ? ${r})) roots;
       # Every locked package is reachable from the roots: nothing extra gets built.
-      unreachable = builtins.filter (
-        n: !(builtins.elem n (nixLib.graph.closure packages roots))
-      ) names;
+      unreachable = builtins.filter (n: !(builtins.elem n (nixLib.graph.closure packages roots))) names;
       missing = nixLib.graph.missingDependencies packages;
       cyclic = nixLib.graph.cyclic packages;
       # Files whose fetchPypi arguments would ask for another name.

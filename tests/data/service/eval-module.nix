@@ -41,11 +41,26 @@ let
   };
   stubs = {
     options = with lib; {
-      assertions = mkOption { type = types.listOf types.unspecified; default = [ ]; };
-      system.checks = mkOption { type = types.listOf types.unspecified; default = [ ]; };
-      systemd.services = mkOption { type = types.lazyAttrsOf types.anything; default = { }; };
-      users = mkOption { type = types.anything; default = { }; };
-      networking.firewall.allowedTCPPorts = mkOption { type = types.listOf types.port; default = [ ]; };
+      assertions = mkOption {
+        type = types.listOf types.unspecified;
+        default = [ ];
+      };
+      system.checks = mkOption {
+        type = types.listOf types.unspecified;
+        default = [ ];
+      };
+      systemd.services = mkOption {
+        type = types.lazyAttrsOf types.anything;
+        default = { };
+      };
+      users = mkOption {
+        type = types.anything;
+        default = { };
+      };
+      networking.firewall.allowedTCPPorts = mkOption {
+        type = types.listOf types.port;
+        default = [ ];
+      };
     };
   };
   eval = lib.evalModules {
