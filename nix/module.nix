@@ -36,6 +36,10 @@ let
     // lib.getAttrs [
       "model"
       "draftModel"
+      "modelRevision"
+      "draftModelRevision"
+      "hfTokenFile"
+      "offline"
       "gpus"
       "allowSharedGpus"
       "tpSize"
@@ -152,6 +156,42 @@ let
           default = null;
           example = "z-lab/Qwen3-8B-DFlash-b16";
           description = "Drafter for speculative decoding (`--speculative-draft-model-path`).";
+        };
+        # Models pinned like the code: a commit per hub model, fetched ahead, no hub at start.
+        modelRevision = mkOption {
+          type = types.nullOr types.str;
+          default = null;
+          example = "0e9e39f249a16976918f6564b8830bc894c89659";
+          description = ''
+            Hub revision of {option}`model` (`--revision`). A commit hash gives every host the same
+            weights; a branch name (or `null`, the hub's `main`) follows the hub, and
+            `dflashctl validate` warns about it. Not allowed for a local directory.
+          '';
+        };
+        draftModelRevision = mkOption {
+          type = types.nullOr types.str;
+          default = null;
+          example = "3b1c0d2e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c";
+          description = "Hub revision of {option}`draftModel` (`--speculative-draft-model-revision`), as for {option}`modelRevision`.";
+        };
+        hfTokenFile = mkOption {
+          type = types.nullOr types.str;
+          default = null;
+          example = "/run/secrets/hf-token";
+          description = ''
+            File holding a hub token, for gated models. A path as a string, never copied into the
+            Nix store: systemd hands it to the service with `LoadCredential`, and dflashctl gives it
+            to SGLang only as `HF_TOKEN` in its environment (never in argv, logs or settings).
+          '';
+        };
+        offline = mkOption {
+          type = types.bool;
+          default = false;
+          description = ''
+            Start without reaching the hub (`HF_HUB_OFFLINE=1`): the pinned revisions must already
+            be in the cache (`dflashctl models fetch --config <settings>`). Preflight refuses to
+            start within seconds, naming the missing files, when they are not.
+          '';
         };
         speculative = mkOption {
           type = types.submodule { options = speculativeOptions; };
@@ -347,6 +387,12 @@ let
       };
     };
 
+  # Secrets reach the service through systemd's credentials, never the store or the unit's text.
+  credentials =
+    i:
+    lib.optional (i.apiKeyFile != null) "${unitData.apiKeyCredential}:${i.apiKeyFile}"
+    ++ lib.optional (i.hfTokenFile != null) "${unitData.hfTokenCredential}:${i.hfTokenFile}";
+
   unitOf = name: i: {
     description = "DFlash SGLang instance ${name} (${i.model})";
     wantedBy = unitData.install.WantedBy;
@@ -360,9 +406,7 @@ let
         ExecStart = "${dflashctl} serve --config ${settingsFile name i} --python ${pythonOf i}";
         TimeoutStartSec = "${toString (i.startTimeoutSec + unitData.timeoutStartMarginSec)}s";
       }
-      // lib.optionalAttrs (i.apiKeyFile != null) {
-        LoadCredential = "${unitData.apiKeyCredential}:${i.apiKeyFile}";
-      }
+      // lib.optionalAttrs (credentials i != [ ]) { LoadCredential = credentials i; }
       // lib.optionalAttrs (i.cacheDir != null) { ReadWritePaths = [ i.cacheDir ]; }
       // lib.optionalAttrs (i.user != null) {
         User = i.user;
@@ -406,6 +450,10 @@ in
         {
           assertion = i.apiKeyFile == null || !lib.hasPrefix builtins.storeDir (toString i.apiKeyFile);
           message = "services.dflash.instances.${name}.apiKeyFile points into the Nix store, which every user can read; keep the key outside the store (e.g. /run/secrets).";
+        }
+        {
+          assertion = i.hfTokenFile == null || !lib.hasPrefix builtins.storeDir (toString i.hfTokenFile);
+          message = "services.dflash.instances.${name}.hfTokenFile points into the Nix store, which every user can read; keep the token outside the store (e.g. /run/secrets).";
         }
       ]) instances
     );

@@ -17,7 +17,7 @@ HERE = Path(__file__).parent
 GOLDEN = HERE / "data" / "service" / "units"
 SETTINGS = HERE / "data" / "service" / "argv"
 REPO = HERE.parent
-CASES = ["dflash", "ddtree", "none"]
+CASES = ["dflash", "ddtree", "none", "pinned"]
 MAX_EXPOSURE = 2.0
 
 
@@ -44,8 +44,9 @@ def test_restart_prevent_matches_errors():
         assert code not in data["service"]["RestartPreventExitStatus"]
 
 
-def test_credential_name_shared_with_serve():
-    assert unit.unit_data()["apiKeyCredential"] == serve.CREDENTIAL
+def test_credential_names_shared_with_serve():
+    assert unit.unit_data()["apiKeyCredential"] == serve.API_KEY_CREDENTIAL
+    assert unit.unit_data()["hfTokenCredential"] == serve.HF_TOKEN_CREDENTIAL
 
 
 def test_every_relaxed_line_says_why():

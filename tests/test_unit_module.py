@@ -66,7 +66,7 @@ def test_units_come_from_the_shared_file(tmp_path):
     # the host compiler for SGLang's JIT kernels (nvcc itself comes from the stack's wheels)
     assert [str(p) for p in out["services"]["dflash-qwen"]["path"]] == [
         "/nix/store/00000000000000000000000000000000-gcc-wrapper"]
-    assert qwen["LoadCredential"] == "api-key:/run/secrets/k"
+    assert qwen["LoadCredential"] == ["api-key:/run/secrets/k"]
     assert qwen["TimeoutStartSec"] == f"{900 + data['timeoutStartMarginSec']}s"
     assert out["services"]["dflash-llama"]["serviceConfig"]["User"] == "dflash"
     assert out["users"]["users"]["dflash"]["isSystemUser"] is True
@@ -112,3 +112,18 @@ def test_flake_module_defaults_to_the_flakes_packages(tmp_path):
     assert "--python /nix/store/00000000000000000000000000000000-flake-dflash-env/bin/python" in exec_start
     assert "flake-dflash-env/bin/python" in out["checks"][0]["script"]  # DDTREE/algorithm check
     assert out["failedAssertions"] == []
+
+
+def test_hub_token_is_a_credential_and_never_in_the_store(tmp_path):
+    out = evaluate(tmp_path, """{
+      a = { model = "org/m"; modelRevision = "0e9e39f249a16976918f6564b8830bc894c89659"; offline = true;
+            apiKeyFile = "/run/secrets/k"; hfTokenFile = "/run/secrets/hf"; };
+      b = { model = "org/m"; port = 30001; hfTokenFile = "/nix/store/00000000000000000000000000000000-t"; };
+    }""")
+    assert out["services"]["dflash-a"]["serviceConfig"]["LoadCredential"] == [
+        "api-key:/run/secrets/k", "hf-token:/run/secrets/hf"]
+    assert any("hfTokenFile points into the Nix store" in m for m in out["failedAssertions"])
+    settings = re.search(r"--config (\S+)", out["services"]["dflash-a"]["serviceConfig"]["ExecStart"]).group(1)
+    data = json.loads(Path(settings).read_text())  # dflashctl reads the path, systemd hands over the file
+    assert (data["hfTokenFile"], data["offline"]) == ("/run/secrets/hf", True)
+    assert validate(settings).returncode == 0

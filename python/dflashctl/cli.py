@@ -20,6 +20,7 @@ COMMANDS = {
     "validate": "dflashctl.service.validate",
     "serve": "dflashctl.service.serve",
     "unit": "dflashctl.service.unit",
+    "models": "dflashctl.service.models",
     "smoke": "dflashctl.smoke.smoke",
 }
 

@@ -19,8 +19,9 @@ PREFLIGHT_SOUNDFILE = 83  # soundfile / libsndfile missing (SGLang imports it at
 PREFLIGHT_NATIVE = 84  # libnuma or libcuda does not resolve
 PREFLIGHT_DRIVER = 85  # the NVIDIA driver is too old for CUDA 13
 PREFLIGHT_SGLANG = 86  # sglang itself does not import, or lacks the requested algorithm
+PREFLIGHT_MODEL_MISSING = 88  # offline, and the pinned revision is not fully in the cache
 NO_RESTART = (CONFIG, PREFLIGHT_TORCH, PREFLIGHT_KERNEL, PREFLIGHT_GRAMMAR, PREFLIGHT_SOUNDFILE,
-              PREFLIGHT_NATIVE, PREFLIGHT_DRIVER, PREFLIGHT_SGLANG)
+              PREFLIGHT_NATIVE, PREFLIGHT_DRIVER, PREFLIGHT_SGLANG, PREFLIGHT_MODEL_MISSING)
 
 # Failures worth a restart with backoff (a crash can be transient: OOM, a GPU reset).
 SERVER_DIED_BEFORE_READY = 90

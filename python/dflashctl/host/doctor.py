@@ -5,11 +5,12 @@ errors.FAILED when any check fails. `--save FILE` keeps the fingerprint for `dfl
 """
 
 import json
+import os
 import sys
 import time
 
 from dflashctl import errors
-from dflashctl.host import fingerprint
+from dflashctl.host import fingerprint, hub_cache
 from dflashctl.lock import lockfile
 
 
@@ -22,6 +23,10 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the fingerprint as JSON")
     p.add_argument("--save", metavar="FILE", help="also write the fingerprint JSON to FILE, for `diff`")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds each probe may take (%(default)s)")
+    p.add_argument("--model", action="append", default=[], metavar="REPO[@REVISION]",
+                   help="also report which commit of this hub model the cache holds and whether it is "
+                        "complete (repeatable; `dflashctl models status --config FILE` does it per instance)")
+    p.add_argument("--hf-home", metavar="DIR", help="the model cache's HF_HOME (default: as the hub client finds it)")
     p.set_defaults(func=run)
 
 
@@ -43,6 +48,11 @@ def render(fp: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _repo_rev(spec: str) -> tuple[str, str | None]:
+    repo, _, rev = spec.partition("@")
+    return repo, rev or None
+
+
 def exit_code(fp: dict) -> int:
     return errors.FAILED if any(c["status"] == "fail" for c in fp["checks"]) else errors.OK
 
@@ -51,6 +61,10 @@ def run(args) -> int:
     started = time.monotonic()
     print(f"dflashctl doctor: probing {args.python} …", file=sys.stderr)
     fp = fingerprint.build(args.python, args.lock, args.timeout)
+    if args.model:
+        env = dict(os.environ, **({"HF_HOME": args.hf_home} if args.hf_home else {}))
+        fp["models"] = [hub_cache.inspect(env, *_repo_rev(m)).to_json() for m in args.model]
+        fp["checks"] += [hub_cache.check(m).to_json() for m in fp["models"]]
     fp["seconds"] = round(time.monotonic() - started, 2)
     text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
     if args.save:

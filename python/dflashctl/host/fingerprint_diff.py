@@ -2,8 +2,9 @@
 
 Differences come in three groups: ABI-breaking ones (a wheel built against one of these will not
 load against the other: torch's CUDA line, the kernel package versus torch, the driver, the names
-SGLang imports from the grammar backend), then package versions, then everything else. Exit
-errors.FAILED when an ABI-breaking difference exists.
+SGLang imports from the grammar backend), then models whose cached commit differs (the hosts serve
+other weights), then package versions, then everything else. Exit errors.FAILED when an
+ABI-breaking or a model difference exists.
 """
 
 import json
@@ -12,7 +13,7 @@ import sys
 from dflashctl import errors
 from dflashctl.host import fingerprint
 
-ABI, VERSION, OTHER = "abi", "version", "other"
+ABI, SERVING, VERSION, OTHER = "abi", "serving", "version", "other"
 
 
 def dig(fp: dict, path: str):
@@ -111,7 +112,19 @@ def differences(a: dict, b: dict) -> list[dict]:
     statuses = [{"group": OTHER, "item": f"check {n}", "a": checks_a.get(n), "b": checks_b.get(n)}
                 for n in sorted(set(checks_a) | set(checks_b)) if checks_a.get(n) != checks_b.get(n)]
     abi = [r for r in rows if r["group"] == ABI]
-    return abi + versions + [r for r in rows if r["group"] == OTHER] + statuses
+    return abi + model_differences(a, b) + versions + [r for r in rows if r["group"] == OTHER] + statuses
+
+
+def model_differences(a: dict, b: dict) -> list[dict]:
+    """Hosts serving other weights: a model whose cached commit differs (doctor --model)."""
+    ma = {m["repo_id"]: m for m in a.get("models") or [] if isinstance(m, dict) and "repo_id" in m}
+    mb = {m["repo_id"]: m for m in b.get("models") or [] if isinstance(m, dict) and "repo_id" in m}
+    rows = []
+    for repo in sorted(set(ma) | set(mb)):
+        ca, cb = (ma.get(repo) or {}).get("commit"), (mb.get(repo) or {}).get("commit")
+        if ca != cb:
+            rows.append({"group": SERVING, "item": f"{repo} commit", "a": ca, "b": cb})
+    return rows
 
 
 def shown(value) -> str:
@@ -121,11 +134,11 @@ def shown(value) -> str:
 def render(rows: list[dict], name_a: str, name_b: str) -> str:
     if not rows:
         return f"no differences between {name_a} and {name_b}\n"
-    titles = {ABI: "ABI-breaking", VERSION: "versions", OTHER: "other"}
+    titles = {ABI: "ABI-breaking", SERVING: "serving other weights", VERSION: "versions", OTHER: "other"}
     wi = max(len(r["item"]) for r in rows)
     wa = max(len(name_a), *(len(shown(r["a"])) for r in rows))
     lines = []
-    for group in (ABI, VERSION, OTHER):
+    for group in (ABI, SERVING, VERSION, OTHER):
         part = [r for r in rows if r["group"] == group]
         if not part:
             continue
@@ -148,9 +161,11 @@ def run(args) -> int:
     a, b = fingerprint.load(args.a), fingerprint.load(args.b)
     rows = differences(a, b)
     abi = any(r["group"] == ABI for r in rows)
+    serving = any(r["group"] == SERVING for r in rows)
     if args.json:
-        sys.stdout.write(json.dumps({"a": args.a, "b": args.b, "abi_breaking": abi, "differences": rows},
+        sys.stdout.write(json.dumps({"a": args.a, "b": args.b, "abi_breaking": abi,
+                                     "serving_other_weights": serving, "differences": rows},
                                     indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(render(rows, args.a, args.b))
-    return errors.FAILED if abi else errors.OK
+    return errors.FAILED if abi or serving else errors.OK

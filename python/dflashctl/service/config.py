@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dflashctl.errors import CONFIG, DflashError
+from dflashctl.host import hub_cache
 from dflashctl.service.sglang_args import MAPPED_FLAGS  # the mapping owns the flag names
 
 ALGORITHMS = ("DFLASH", "DDTREE", "EAGLE3")
@@ -36,6 +37,11 @@ class InstanceConfig:
     name: str
     model: str
     draft_model: str | None = None
+    # Hub revisions (a commit hash pins the weights; a branch name follows the hub).
+    model_revision: str | None = None
+    draft_model_revision: str | None = None
+    hf_token_file: str | None = None  # reaches SGLang only as HF_TOKEN, through LoadCredential
+    offline: bool = False  # HF_HUB_OFFLINE=1; preflight refuses a pinned revision not fully cached
     speculative: Speculative = field(default_factory=Speculative)
     gpus: tuple[int, ...] = ()  # empty: CUDA_VISIBLE_DEVICES is left alone (every GPU visible)
     allow_shared_gpus: bool = False
@@ -115,6 +121,15 @@ def _abs_path(v):
     return v
 
 
+REVISION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
+
+
+def _revision(v):
+    if not isinstance(v, str) or not REVISION_RE.fullmatch(v) or ".." in v:
+        raise ValueError("a commit hash (40 hex digits) or a branch/tag name")
+    return v
+
+
 def _gpus(v):
     if not isinstance(v, list) or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in v):
         raise ValueError("a list of GPU indices (integers >= 0), e.g. [0, 1]")
@@ -164,6 +179,10 @@ def _speculative(v):
 KEYS = {
     "model": ("model", _str),
     "draftModel": ("draft_model", _opt(_str)),
+    "modelRevision": ("model_revision", _opt(_revision)),
+    "draftModelRevision": ("draft_model_revision", _opt(_revision)),
+    "hfTokenFile": ("hf_token_file", _opt(_abs_path)),
+    "offline": ("offline", _bool),
     "gpus": ("gpus", _gpus),
     "allowSharedGpus": ("allow_shared_gpus", _bool),
     "tpSize": ("tp_size", _int(1, 64)),
@@ -261,6 +280,16 @@ def _rules(kw: dict) -> list[str]:
                        'speculative.algorithm (e.g. "DFLASH") or remove draftModel')
         if kw.get("draft_load_format"):
             out.append("draftLoadFormat: set, but speculative.algorithm is null")
+    for key, model_key, model in (("modelRevision", "model", kw.get("model")),
+                                  ("draftModelRevision", "draftModel", kw.get("draft_model"))):
+        rev = kw.get("model_revision" if key == "modelRevision" else "draft_model_revision")
+        if rev is None:
+            continue
+        if model is None:
+            out.append(f"{key}: set, but {model_key} is not")
+        elif hub_cache.is_local(model):
+            out.append(f"{key}: {model_key} {model!r} is a local directory, which has no hub "
+                       f"revision; remove {key} (pin a local model by its path)")
     if spec.ddtree_budget is not None and algo not in (None, "DDTREE"):
         out.append(f"speculative.ddtreeBudget: only DDTREE uses a tree budget, not {algo}; remove it")
     gpus = kw.get("gpus", ())
@@ -274,6 +303,10 @@ def _rules(kw: dict) -> list[str]:
         out.append(f"port: {port} is above {MAX_PORT}: SGLang 0.5.11 derives its gRPC port as port + "
                    f"{GRPC_PORT_OFFSET} and refuses to start past 65535; choose a port <= {MAX_PORT} "
                    "or set environment.SGLANG_GRPC_PORT")
+    for secret in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        if secret in env:
+            out.append(f"environment.{secret}: the environment ends up in the unit and the Nix store, "
+                       "which every user can read; put the token in a file and set hfTokenFile")
     if gpus and "CUDA_VISIBLE_DEVICES" in env:
         out.append("environment.CUDA_VISIBLE_DEVICES: conflicts with gpus; set the GPUs with gpus only")
     for arg in kw.get("extra_args", ()):

@@ -15,13 +15,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dflashctl.errors import (CONFIG, OK, PREFLIGHT_SGLANG, SERVER_DIED_AFTER_READY, DflashError)
-from dflashctl.host import cuda_home
+from dflashctl.errors import (CONFIG, OK, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
+                              SERVER_DIED_AFTER_READY, DflashError)
+from dflashctl.host import cuda_home, hub_cache
 from dflashctl.service import config, sdnotify, sglang_args
 from dflashctl.service.server import Server, _describe, _indent
 from dflashctl.service.validate import warnings_for
 
-CREDENTIAL = "api-key"  # LoadCredential=api-key:<apiKeyFile> in the unit
+# LoadCredential=<name>:<file> in the unit (names from data/service-unit.json).
+API_KEY_CREDENTIAL, HF_TOKEN_CREDENTIAL = "api-key", "hf-token"
 LAUNCHER_ENV = "DFLASHCTL_SGLANG_LAUNCHER"  # for tests: replaces `python -m sglang.launch_server`
 STOP_GRACE_S = 30.0  # below the unit's TimeoutStopSec, so our SIGKILL comes before systemd's
 
@@ -40,22 +42,51 @@ def say(text: str) -> None:
     sdnotify.status(text)
 
 
+def read_credential(name: str, fallback: str, label: str, option: str, env: dict[str, str]) -> str:
+    """A secret from systemd's credentials directory, or from its file when run by hand."""
+    cred_dir = env.get("CREDENTIALS_DIRECTORY")
+    path = Path(cred_dir, name) if cred_dir and Path(cred_dir, name).exists() else Path(fallback)
+    try:
+        secret = path.read_text().strip()
+    except OSError as e:
+        raise DflashError(f"cannot read {label} {path}", e.strerror or str(e),
+                          f"create {option} (readable by root; systemd hands it to the service)", CONFIG)
+    if not secret or any(c.isspace() for c in secret):
+        raise DflashError(f"{label} in {path} is empty or contains whitespace", "",
+                          "write the secret as one line of printable characters", CONFIG)
+    return secret
+
+
 def read_api_key(cfg: config.InstanceConfig, env: dict[str, str]) -> str | None:
     if cfg.api_key_file is None:
         return None
-    cred_dir = env.get("CREDENTIALS_DIRECTORY")
-    path = Path(cred_dir, CREDENTIAL) if cred_dir and Path(cred_dir, CREDENTIAL).exists() \
-        else Path(cfg.api_key_file)
-    try:
-        key = path.read_text().strip()
-    except OSError as e:
-        raise DflashError(f"cannot read the API key {path}", e.strerror or str(e),
-                          "create apiKeyFile (readable by root; systemd hands it to the service)",
-                          CONFIG)
-    if not key or any(c.isspace() for c in key):
-        raise DflashError(f"the API key in {path} is empty or contains whitespace", "",
-                          "write the key as one line of printable characters", CONFIG)
-    return key
+    return read_credential(API_KEY_CREDENTIAL, cfg.api_key_file, "the API key", "apiKeyFile", env)
+
+
+def read_hf_token(cfg: config.InstanceConfig, env: dict[str, str]) -> str | None:
+    if cfg.hf_token_file is None:
+        return None
+    return read_credential(HF_TOKEN_CREDENTIAL, cfg.hf_token_file, "the hub token", "hfTokenFile", env)
+
+
+def check_models_cached(cfg: config.InstanceConfig, child_env: dict[str, str], config_path: str) -> None:
+    """offline: the pinned revisions must be whole in the cache SGLang will read, or no start."""
+    if not cfg.offline:
+        return
+    gaps = []
+    for model, rev in ((cfg.model, cfg.model_revision), (cfg.draft_model, cfg.draft_model_revision)):
+        if model is None or hub_cache.is_local(model):
+            continue
+        found = hub_cache.inspect(child_env, model, rev)
+        if not found.complete:
+            shown = ", ".join(found.missing[:8]) + (f" and {len(found.missing) - 8} more"
+                                                     if len(found.missing) > 8 else "")
+            gaps.append(f"{model}@{rev or 'main'}: missing {shown}")
+    if gaps:
+        raise DflashError("offline is set, but the models are not fully in the cache "
+                          f"({hub_cache.hub_dir(child_env)})", "\n".join(gaps),
+                          f"dflashctl models fetch --config {config_path}", PREFLIGHT_MODEL_MISSING)
+    say("preflight: models are in the cache (offline)")
 
 
 def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]) -> None:
@@ -150,7 +181,8 @@ def run(args) -> int:
         print(json.dumps({"argv": argv, "env": child_env}, indent=2))
         return OK
     api_key = read_api_key(cfg, env)
-    child_env = cuda_home.provide(sglang_args.build_env(cfg, env), args.python)
+    child_env = cuda_home.provide(sglang_args.build_env(cfg, env, read_hf_token(cfg, env)), args.python)
+    check_models_cached(cfg, child_env, args.config)  # a file check: kept with --skip-preflight
     if not args.skip_preflight:
         preflight(cfg, args.python, child_env)
     server = Server(launch_argv(cfg, args.python, api_key, args.launcher),

@@ -15,6 +15,8 @@ if TYPE_CHECKING:  # config imports MAPPED_FLAGS from here; the settings type is
 # Flags this module sets, with the option that owns each (extraArgs may not repeat them).
 MAPPED_FLAGS = {
     "--model-path": "model",
+    "--revision": "modelRevision",
+    "--speculative-draft-model-revision": "draftModelRevision",
     "--host": "host",
     "--port": "port",
     "--tp-size": "tpSize",
@@ -66,7 +68,9 @@ def build_argv(cfg: InstanceConfig, python: str = sys.executable, api_key: str |
             argv.append(flag)
 
     opt("--speculative-algorithm", spec.algorithm)
+    opt("--revision", cfg.model_revision)
     opt("--speculative-draft-model-path", cfg.draft_model)
+    opt("--speculative-draft-model-revision", cfg.draft_model_revision)
     opt("--speculative-num-draft-tokens", spec.num_draft_tokens)
     opt("--speculative-ddtree-budget", spec.ddtree_budget)
     opt("--speculative-draft-attention-backend", spec.draft_attention_backend)
@@ -87,15 +91,26 @@ def build_argv(cfg: InstanceConfig, python: str = sys.executable, api_key: str |
     return argv
 
 
-def build_env(cfg: InstanceConfig, base_env: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: base_env + GPUs + model cache + the instance's `environment`."""
+def build_env(cfg: InstanceConfig, base_env: dict[str, str] | None = None,
+              hf_token: str | None = None) -> dict[str, str]:
+    """The child's environment: base_env + GPUs + model cache + the instance's `environment`.
+
+    `hf_token` (read by serve from the systemd credential) becomes HF_TOKEN and nothing else:
+    never argv, never a file the child or a log can show.
+    """
     env = dict(os.environ if base_env is None else base_env)
+    env.pop("HF_TOKEN", None)  # only the instance's own credential, never an inherited one
     if cfg.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cfg.gpus)
     cache = cfg.cache_dir or env.get("CACHE_DIRECTORY", "").split(":")[0] or None
     if cache:
         env["HF_HOME"] = cache
+    if cfg.offline:  # the weights were fetched ahead (`dflashctl models fetch`); never reach the hub
+        env["HF_HUB_OFFLINE"] = "1"
+        env["TRANSFORMERS_OFFLINE"] = "1"
     # Logs reach the journal line by line, not in 8 KiB blocks.
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(cfg.environment)
+    if hf_token is not None:
+        env["HF_TOKEN"] = hf_token
     return env

@@ -65,8 +65,10 @@ def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python:
     argv = [dflashctl, "serve", "--config", config_path] + (["--python", python] if python else [])
     service["ExecStart"] = " ".join(_exec_arg(a) for a in argv)
     service["TimeoutStartSec"] = f"{cfg.start_timeout_sec + data['timeoutStartMarginSec']}s"
-    if cfg.api_key_file:
-        service["LoadCredential"] = f"{data['apiKeyCredential']}:{cfg.api_key_file}"
+    credentials = [f"{data[key]}:{path}" for key, path in
+                   (("apiKeyCredential", cfg.api_key_file), ("hfTokenCredential", cfg.hf_token_file)) if path]
+    if credentials:
+        service["LoadCredential"] = credentials
     if cfg.cache_dir:
         service["ReadWritePaths"] = cfg.cache_dir
     dropped = [k for k, v in data["minSystemd"].items() if systemd is not None and systemd < v]

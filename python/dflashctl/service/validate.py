@@ -11,6 +11,7 @@ import sys
 from itertools import combinations
 
 from dflashctl.errors import CONFIG, OK, DflashError
+from dflashctl.host import hub_cache
 from dflashctl.service import config, sglang_features
 from dflashctl.service.config import InstanceConfig
 
@@ -25,6 +26,23 @@ def warnings_for(cfg: InstanceConfig) -> list[str]:
                    "once the environment's xgrammar works (`dflashctl doctor`)")
     if cfg.host in WILDCARD_HOSTS and cfg.api_key_file is None:
         out.append(f"instance {cfg.name!r}: listens on every interface ({cfg.host}) without apiKeyFile")
+    out += revision_warnings(cfg)
+    return out
+
+
+def revision_warnings(cfg: InstanceConfig) -> list[str]:
+    """Hub models that are not pinned to a commit: each host may load different weights."""
+    out = []
+    for key, model, rev in (("modelRevision", cfg.model, cfg.model_revision),
+                            ("draftModelRevision", cfg.draft_model, cfg.draft_model_revision)):
+        if model is None or hub_cache.is_local(model):
+            continue
+        if rev is None:
+            out.append(f"instance {cfg.name!r}: {model} has no {key}: each host loads whatever the "
+                       f"hub's main branch is on its first start; set {key} to a commit hash")
+        elif not hub_cache.COMMIT_RE.fullmatch(rev):
+            out.append(f"instance {cfg.name!r}: {key} {rev!r} is a branch or tag, which moves; "
+                       f"set {key} to the commit hash it points to today")
     return out
 
 

@@ -30,7 +30,8 @@ served_ok = threading.Event()
 if os.environ.get("STANDIN_ARGV_FILE"):
     with open(os.environ["STANDIN_ARGV_FILE"], "w") as f:
         json.dump({"argv": sys.argv, "env": {k: v for k, v in os.environ.items()
-                                             if k in ("CUDA_VISIBLE_DEVICES", "HF_HOME", "FOO")}}, f)
+                                             if k in ("CUDA_VISIBLE_DEVICES", "HF_HOME", "FOO", "HF_TOKEN",
+                                                      "HF_HUB_OFFLINE")}}, f)
 
 
 def on_term(signum, frame):
