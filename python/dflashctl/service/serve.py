@@ -102,7 +102,7 @@ def preflight_failure(failed: list, total: int, python: str) -> DflashError:
     head = f"preflight: {len(failed)} of {total} checks failed; SGLang was not started"
     items = [f"{i}. {c.name}: {c.summary}\n   fix: {c.fix}" for i, c in enumerate(failed, 1)]
     sdnotify.status(f"{head} (evidence: {doctor}): " + " | ".join(items), limit=STATUS_LIMIT)
-    return DflashError(head, "\n" + _indent("\n".join(items)),
+    return DflashError(head, "in root-cause order:\n" + _indent("\n".join(items)),
                        f"fix them in this order (the first is the likeliest root cause); `{doctor}` "
                        "shows every check with its evidence", failed[0].exit_code)
 
