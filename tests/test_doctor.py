@@ -178,15 +178,21 @@ def test_diff_puts_the_grammar_api_break_first_and_fails(reports, tmp_path):
     proc = diff(paths["good"], paths["old"], "--json")
     assert proc.returncode == 1
     rows = json.loads(proc.stdout)["differences"]
-    assert rows[0] == {"group": "abi", "item": "xgrammar names SGLang imports, missing",
-                       "a": "none", "b": "StructuralTag, StructuralTagItem"}
+    failures = [r for r in rows if r["group"] == "failure"]
+    assert [r["item"] for r in failures] == ["check packages", "check grammar:xgrammar", "check soundfile"]
+    assert failures[1]["fix"] == "install the locked wheel: xgrammar 0.1.32"  # from the lock
+    assert [r for r in rows if r["group"] == "abi"][0] == {
+        "group": "abi", "item": "xgrammar names SGLang imports, missing", "a": "none",
+        "b": "StructuralTag, StructuralTagItem"}
     versions = {r["item"]: (r["a"], r["b"]) for r in rows if r["group"] == "version"}
     assert versions == {"xgrammar": ("0.1.32", "0.1.10"), "soundfile": ("0.13.1", None),
                         "cffi": ("2.1.1", None), "pycparser": ("3.12", None)}
     groups = [r["group"] for r in rows]
-    assert groups == sorted(groups, key=["abi", "version", "other"].index)
+    assert groups == sorted(groups, key=["failure", "abi", "version", "other"].index)
     table = diff(paths["good"], paths["old"]).stdout
-    assert table.index("ABI-breaking (1)") < table.index("versions (4)") < table.index("other (")
+    assert table.index("failures, root cause first (3)") < table.index("ABI-breaking (1)") \
+        < table.index("versions (4)") < table.index("other (")
+    assert "  fix: install the locked wheel: xgrammar 0.1.32" in table
 
 
 def test_diff_of_two_runs_on_the_same_venv_has_no_abi_difference(venvs, lock, reports, tmp_path):

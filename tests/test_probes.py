@@ -90,3 +90,70 @@ def test_doctor_on_a_python_without_the_stack_says_so_and_its_install_hint_runs(
     assert lines and all(" --hash=sha256:" in ln for ln in lines)
     assert shlex.split(install) == [sys.executable, "-m", "pip", "install", "--no-deps", "--require-hashes",
                                     "-r", str(out)]
+
+
+# ------------------------------------------------------------------ the story's ABI error (issue 15)
+
+NEEDED = "_ZN3c104cuda29c10_cuda_check_implementationEiPKcS2_jb"
+DEMANGLED = "c10::cuda::c10_cuda_check_implementation(int, char const*, char const*, unsigned int, bool)"
+# The shape of sglang-kernel 0.4.2's error (sgl_kernel/load_utils.py): the cause is in the middle.
+KERNEL_ERROR = ("ImportError: \n[sgl_kernel] CRITICAL: Could not load any common_ops library!\n\nAttempted locations:\n"
+                "1. Architecture-specific pattern: /site/sgl_kernel/sm90/common_ops.* - found files: [...]\n\n"
+                "Error details from previous import attempts:\n"
+                f"- ImportError: /site/sgl_kernel/sm90/common_ops.abi3.so: undefined symbol: {NEEDED}\n"
+                "- ModuleNotFoundError: No module named 'common_ops'\n")
+KERNEL_RESULT = {"probe": "sgl_kernel", "ok": False, "error": KERNEL_ERROR,
+                 "facts": {"version": "0.4.2", "compute_capability": "9.0", "expected_variant": "sm90",
+                           "torch": "2.9.1+cu128"}}
+
+
+def test_failure_text_keeps_the_loaders_line_not_the_first_and_last():
+    assert probes.failure_text(KERNEL_RESULT) == \
+        f"ImportError: /site/sgl_kernel/sm90/common_ops.abi3.so: undefined symbol: {NEEDED}"
+    missing_lib = {"error": "ImportError: \nblah\n- ImportError: libnvrtc.so.13: cannot open shared object file\n- x"}
+    assert probes.failure_text(missing_lib) == "ImportError: libnvrtc.so.13: cannot open shared object file"
+
+
+def test_the_kernel_check_names_the_demangled_symbol_what_it_means_and_the_fix():
+    stack = probes.Stack({"sglang-kernel": "0.4.2", "torch": "2.11.0"}, "INSTALL")
+    c = probes.check_sgl_kernel(KERNEL_RESULT, stack)
+    assert (c.status, c.exit_code) == ("fail", errors.PREFLIGHT_KERNEL)
+    assert c.summary == ("sglang-kernel 0.4.2 sm90/common_ops.abi3.so does not load on compute capability 9.0: "
+                         f"undefined symbol {DEMANGLED} ({NEEDED}): this sgl_kernel was built against another "
+                         "torch than torch 2.9.1+cu128 (torch's C++ API differs between builds)")
+    assert c.fix == "sgl_kernel and torch must come from one build (sglang-kernel 0.4.2 is built for torch 2.11.0, " \
+                    "CUDA 13): INSTALL"
+    assert "nix profile install .#dflash-env" in probes.NO_LOCK.install and "dflashctl export" in probes.NO_LOCK.install
+
+
+def test_demangling_falls_back_to_libstdcxx_then_to_the_mangled_name(monkeypatch):
+    from dflashctl.host import symbols
+    monkeypatch.setattr(symbols.shutil, "which", lambda name: None)  # a host without binutils
+    assert symbols.demangle(NEEDED) == DEMANGLED  # libstdc++'s __cxa_demangle, through ctypes
+    monkeypatch.setattr(symbols, "_cxa_demangle", lambda s: None)
+    info = symbols.undefined_symbol(KERNEL_ERROR)
+    assert info == {"symbol": NEEDED, "library": "/site/sgl_kernel/sm90/common_ops.abi3.so", "demangled": None}
+    assert symbols.describe(info) == NEEDED
+
+
+def test_fixes_name_the_version_the_lock_pins():
+    from pathlib import Path
+
+    from dflashctl.host import fingerprint
+    lock = Path(__file__).parent.parent / "nix" / "python-lock.json"
+    stack = fingerprint.stack_of_lock(lock, "/py")
+    missing = {"ok": True, "facts": {"version": "0.1.10", "missing_names": ["xgrammar.StructuralTag"]}}
+    assert probes.check_grammar("xgrammar", missing, stack=stack).fix == "install the locked wheel: xgrammar 0.1.32"
+    assert probes.check_grammar("xgrammar", missing).fix == \
+        "install the locked wheel: the xgrammar version the lock pins"  # no lock: no number to go stale
+    assert fingerprint.stack_of_lock("/nonexistent/lock.json", "/py") is probes.NO_LOCK
+
+
+def test_doctor_save_to_an_unwritable_place_is_one_line(tmp_path):
+    import subprocess
+    proc = subprocess.run([sys.executable, "-m", "dflashctl", "doctor", "--save", "/proc/nope.json",
+                           "--timeout", "60"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == errors.FAILED
+    assert "Traceback" not in proc.stderr
+    assert "cannot save the fingerprint to /proc/nope.json: No such file or directory" in proc.stderr
+    assert "fail " in proc.stdout  # the findings were printed before the save failed

@@ -233,3 +233,66 @@ def test_cli_exit_code_in_a_real_process(tmp_path):
     assert r.returncode == errors.CONFIG
     assert r.stderr.startswith("dflashctl validate: ")
     assert "Traceback" not in r.stderr
+
+
+# ------------------------------------------------- input that used to end in a traceback (issue 15)
+
+def run_cli_on_bytes(tmp_path: Path, data: bytes, command: str, capsys) -> tuple[int, str]:
+    f = tmp_path / "settings.json"
+    f.write_bytes(data)
+    argv = ["validate", str(f)] if command == "validate" else ["unit", "--config", str(f), "--dflashctl", "/x"]
+    rc = cli.main(argv)
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+UNREADABLE = [
+    ("invalid-utf8", b'{"name": "a", "model": "\xff\xfe"}', "is not UTF-8 text: byte 24: invalid start byte"),
+    ("deep-nesting", b'{"name": "a", "model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+     "is not valid settings: its JSON is nested too deeply"),
+    ("duplicate-key", b'{"name": "a", "model": "m", "port": 1, "port": 30000}',
+     'is ambiguous: the key "port" appears twice in one object'),
+    ("50-MB-model", b'{"name": "a", "model": "' + b"m" * 50_000_000 + b'"}',
+     "is too large for a settings file"),
+]
+
+
+@pytest.mark.parametrize("command", ["validate", "unit"])
+@pytest.mark.parametrize("data,message", [(d, m) for _, d, m in UNREADABLE], ids=[i for i, _, _ in UNREADABLE])
+def test_unreadable_settings_are_one_config_error(tmp_path, capsys, command, data, message):
+    rc, text = run_cli_on_bytes(tmp_path, data, command, capsys)
+    assert rc == errors.CONFIG
+    assert message in text
+    assert "Traceback" not in text and len(text) < 1000
+
+
+def test_a_trailing_newline_in_the_name_is_refused(tmp_path, capsys):
+    rc, text = run_validate(tmp_path, {**OK, "name": "a\n"}, capsys=capsys)
+    assert rc == errors.CONFIG
+    assert "name: 'a\\n' must be 1-64 letters" in text
+
+
+@pytest.mark.parametrize("key,value", [("model", "m" * 5000), ("draftModel", "d" * 5000),
+                                       ("cacheDir", "/" + "c" * 5000)])
+def test_text_that_systemd_or_argv_would_refuse_is_refused_here(tmp_path, capsys, key, value):
+    data = {**DFLASH, key: value}
+    rc, text = run_validate(tmp_path, data, capsys=capsys)
+    assert rc == errors.CONFIG
+    assert f"{key}: must be at most 4096 characters long (it has {len(value)})" in text
+    assert len(text) < 1000  # the value is cut short in the message
+
+
+def test_environment_and_extra_args_have_limits(tmp_path, capsys):
+    rc, text = run_validate(tmp_path, {**OK, "environment": {"X": "v" * 5000},
+                                       "extraArgs": ["--x"] * 300}, capsys=capsys)
+    assert rc == errors.CONFIG
+    assert "environment: must be an object of strings of at most 4096 characters (X has 5000)" in text
+    assert "extraArgs: must be a list of at most 256 strings" in text
+
+
+@pytest.mark.parametrize("gpus", [[0, 1, 0], [0, 0]])
+def test_a_repeated_gpu_is_named_once(tmp_path, capsys, gpus):
+    rc, text = run_validate(tmp_path, {**OK, "gpus": gpus}, capsys=capsys)
+    assert rc == errors.CONFIG
+    assert f"gpus: must be a list without repeats (got {json.dumps(gpus)})" in text
+    assert text.count("(got") == 1

@@ -67,8 +67,17 @@ def run(args) -> int:
         fp["checks"] += [hub_cache.check(m).to_json() for m in fp["models"]]
     fp["seconds"] = round(time.monotonic() - started, 2)
     text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
-    if args.save:
-        lockfile.write_atomic(args.save, text)
     sys.stdout.write(text if args.json else render(fp))
     print(f"dflashctl doctor: done in {fp['seconds']:.1f} s", file=sys.stderr)
+    if args.save:
+        save(args.save, text)
     return exit_code(fp)
+
+
+def save(path: str, text: str) -> None:
+    """Write the fingerprint; the findings are printed already, so a bad path costs no re-run."""
+    try:
+        lockfile.write_atomic(path, text)
+    except OSError as e:
+        raise errors.DflashError(f"cannot save the fingerprint to {path}", e.strerror or str(e),
+                                 "pass --save a file in a directory you can write to") from None

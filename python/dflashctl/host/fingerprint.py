@@ -75,6 +75,21 @@ def install_locked_hint(lock: dict, python: str) -> str:
             f"-o {req} && {python} -m pip install --no-deps --require-hashes -r {req}")
 
 
+def locked_stack(lock: dict, python: str) -> probes.Stack:
+    """The versions and install command the checks' fixes name, from the lock doctor compared with."""
+    return probes.NO_LOCK if "error" in lock else stack_of_lock(lock["path"], python)
+
+
+def stack_of_lock(path: Path | str, python: str) -> probes.Stack:
+    """The lock's versions for this system and the commands that install them; NO_LOCK without one."""
+    try:
+        pins = {n: w.version for n, w in lockfile.load(path).packages(current_system()).items()}
+    except DflashError:
+        return probes.NO_LOCK
+    hint = install_locked_hint({"system": current_system(), "path": str(path)}, python)
+    return probes.Stack(pins, f"{hint}; or with Nix `{probes.NIX_INSTALL}`")
+
+
 def lock_checks(lock: dict, python_version: str, python: str = "python3") -> list[probes.Check]:
     if "error" in lock:
         return [probes.warn("lock", f"installed packages not compared: {lock['error']}",
@@ -105,18 +120,19 @@ def lock_checks(lock: dict, python_version: str, python: str = "python3") -> lis
 
 def doctor_checks(results: dict, lock: dict, python_version: str, python: str = "python3") -> list[probes.Check]:
     """Every check doctor reports, in root-cause order (the same functions serve's preflight uses)."""
+    stack = locked_stack(lock, python)
     checks = lock_checks(lock, python_version, python)
     checks += [probes.check_driver(results["driver"]),
                probes.check_native("libcuda.so.1", results["libcuda"]),
                probes.check_native("libnuma.so.1", results["libnuma"]),
-               probes.check_torch(results["torch"]), probes.check_triton(results["triton"]),
-               probes.check_sgl_kernel(results["sgl_kernel"])]
+               probes.check_torch(results["torch"], stack), probes.check_triton(results["triton"], stack),
+               probes.check_sgl_kernel(results["sgl_kernel"], stack)]
     # xgrammar is SGLang's default backend; the others matter only to hosts that select them.
-    checks += [probes.check_grammar(b, results[f"grammar:{b}"], required=(b == "xgrammar"))
+    checks += [probes.check_grammar(b, results[f"grammar:{b}"], required=(b == "xgrammar"), stack=stack)
                for b in probes.GRAMMAR_BACKENDS]
-    checks += [probes.check_flashinfer(results["flashinfer"]), probes.check_soundfile(results["soundfile"]),
-               probes.check_transformers(results["transformers"]), probes.check_sglang(results["sglang"], None),
-               probes.check_nvcc(results["nvcc"])]
+    checks += [probes.check_flashinfer(results["flashinfer"]), probes.check_soundfile(results["soundfile"], stack),
+               probes.check_transformers(results["transformers"], stack),
+               probes.check_sglang(results["sglang"], None, stack), probes.check_nvcc(results["nvcc"])]
     return checks
 
 
@@ -157,11 +173,56 @@ def load(path: Path | str) -> dict:
     except FileNotFoundError:
         raise DflashError(f"no fingerprint at {path}", "the file does not exist",
                           "save one with `dflashctl doctor --save FILE`") from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or bad UTF-8
         raise DflashError(f"{path} is not a readable fingerprint", str(e),
+                          "save one with `dflashctl doctor --save FILE`") from None
+    except RecursionError:
+        raise DflashError(f"{path} is not a readable fingerprint", "its JSON is nested too deeply",
                           "save one with `dflashctl doctor --save FILE`") from None
     if not isinstance(data, dict) or data.get("fingerprint_version") != FINGERPRINT_VERSION:
         raise DflashError(f"{path} is not a dflashctl fingerprint (version {FINGERPRINT_VERSION})",
                           "the field fingerprint_version is missing or different",
                           "save it again with this dflashctl's `doctor --save FILE`")
+    problem = shape_problem(data)
+    if problem:
+        raise DflashError(f"{path} is not a well-formed dflashctl fingerprint", problem,
+                          "save it again with `dflashctl doctor --save FILE` (do not edit it by hand)")
     return data
+
+
+# What `diff` reads, by path: the type each must have when present ("*": every key of a dict).
+SHAPE = [("host", dict), ("python", dict), ("python.version", str), ("packages", dict),
+         ("packages.*", (str, type(None))), ("lock", dict), ("probes", dict), ("probes.*", dict),
+         ("probes.*.facts", dict), ("probes.*.error", str), ("checks", list),
+         ("probes.driver.facts.version", str), ("probes.driver.facts.gpus", list),
+         ("probes.torch.facts.cuda", (str, type(None))), ("probes.torch.facts.version", (str, type(None)))]
+SHAPE += [(f"probes.grammar:{b}.facts.missing_names", list) for b in probes.GRAMMAR_BACKENDS]
+CHECK_FIELDS = ("name", "status", "summary", "fix")
+GPU_FIELDS = ("name", "compute_capability", "memory_mib")
+
+
+def _at(data, path: str):
+    """(where, value) for every node at `path`; absent keys yield nothing."""
+    nodes = [("", data)]
+    for key in path.split("."):
+        nodes = [(f"{w}.{k}" if w else k, n[k]) for w, n in nodes if isinstance(n, dict)
+                 for k in (n if key == "*" else [key] if key in n else [])]
+    return nodes
+
+
+def shape_problem(data: dict) -> str | None:
+    """The first field of a fingerprint that is not what `diff` expects, or None."""
+    for path, kind in SHAPE:
+        for where, value in _at(data, path):
+            if not isinstance(value, kind):
+                return f"{where} is {type(value).__name__}, not {getattr(kind, '__name__', 'text')}"
+    for i, c in enumerate(data.get("checks", [])):
+        if not isinstance(c, dict) or not all(isinstance(c.get(k), str) for k in CHECK_FIELDS):
+            return f"checks[{i}] must be an object with text fields {', '.join(CHECK_FIELDS)}"
+    for where, names in _at(data, "probes.*.facts.missing_names"):
+        if not all(isinstance(n, str) and "." in n for n in names):
+            return f"{where} must list names like module.Name"
+    for where, gpus in _at(data, "probes.driver.facts.gpus"):
+        if not all(isinstance(g, dict) and all(k in g for k in GPU_FIELDS) for g in gpus):
+            return f"{where} must list objects with {', '.join(GPU_FIELDS)}"
+    return None

@@ -1,19 +1,21 @@
 """`dflashctl diff A.json B.json`: how two hosts' saved fingerprints differ, what breaks first.
 
-Differences come in three groups: ABI-breaking ones (a wheel built against one of these will not
+Differences come in four groups: failures (checks that fail on one host only, in doctor's
+root-cause order, each with its fix), ABI-breaking ones (a wheel built against one of these will not
 load against the other: torch's CUDA line, the kernel package versus torch, the driver, the names
 SGLang imports from the grammar backend), then models whose cached commit differs (the hosts serve
-other weights), then package versions, then everything else. Exit errors.FAILED when an
-ABI-breaking or a model difference exists.
+other weights), then package versions, then everything else. Exit errors.FAILED when a failure,
+an ABI-breaking difference or a model difference exists.
 """
 
 import json
 import sys
 
 from dflashctl import errors
-from dflashctl.host import fingerprint
+from dflashctl.host import fingerprint, probes, symbols
 
-ABI, SERVING, VERSION, OTHER = "abi", "serving", "version", "other"
+FAILURE, ABI, SERVING, VERSION, OTHER = "failure", "abi", "serving", "version", "other"
+GROUPS = (FAILURE, ABI, SERVING, VERSION, OTHER)
 
 
 def dig(fp: dict, path: str):
@@ -35,7 +37,12 @@ def kernel_load(fp: dict) -> str | None:
     r = dig(fp, "probes.sgl_kernel") or {}
     if not r:
         return None
-    return r["facts"].get("variant") if r.get("ok") else f"fails: {r.get('error', '').splitlines()[0][:120]}"
+    if r.get("ok"):
+        return r["facts"].get("variant")
+    missing = symbols.undefined_symbol(r.get("error") or "")
+    if missing:
+        return f"fails: undefined symbol {missing['demangled'] or missing['symbol']}"
+    return f"fails: {probes.failure_text(r)[:160]}"
 
 
 def driver_major(fp: dict) -> str | None:
@@ -88,7 +95,7 @@ def _missing(fp: dict, backend: str):
         return None
     if not r.get("ok"):
         return "does not import"
-    return ", ".join(n.rsplit(".", 1)[1] for n in r["facts"]["missing_names"]) or "none"
+    return ", ".join(n.rsplit(".", 1)[1] for n in r["facts"].get("missing_names", [])) or "none"
 
 
 def _gpus(fp: dict):
@@ -96,8 +103,27 @@ def _gpus(fp: dict):
     return "; ".join(f"{g['name']} {g['compute_capability']} {g['memory_mib']} MiB" for g in gpus) if gpus else None
 
 
+def failures(a: dict, b: dict) -> list[dict]:
+    """Checks that fail on one side only, in the failing side's (root-cause) order, with its fix."""
+    checks_a = {c["name"]: c for c in a.get("checks", [])}
+    checks_b = {c["name"]: c for c in b.get("checks", [])}
+    order = list(checks_b) + [n for n in checks_a if n not in checks_b]
+    rows = []
+    for name in order:
+        ca, cb = checks_a.get(name, {}), checks_b.get(name, {})
+        sa, sb = ca.get("status"), cb.get("status")
+        if sa == sb or "fail" not in (sa, sb):
+            continue
+        failing, side = (cb, "b") if sb == "fail" else (ca, "a")
+        rows.append({"group": FAILURE, "item": f"check {name}", "a": sa, "b": sb, "fails_on": side,
+                     "summary": failing.get("summary", ""), "fix": failing.get("fix", "")})
+    # Those failing on B (the host being compared) first: that is usually the one being fixed.
+    return sorted(rows, key=lambda r: r["fails_on"] != "b")
+
+
 def differences(a: dict, b: dict) -> list[dict]:
-    """Every difference as {group, item, a, b}, ABI-breaking first, then versions, then the rest."""
+    """Every difference as {group, item, a, b}: failures (with summary and fix) first, then
+    ABI-breaking ones, versions and the rest."""
     rows = []
     for group, items in ((ABI, ABI_ITEMS), (OTHER, OTHER_ITEMS)):
         for label, read in items:
@@ -109,10 +135,12 @@ def differences(a: dict, b: dict) -> list[dict]:
                 for n in sorted(set(pa) | set(pb)) if pa.get(n) != pb.get(n)]
     checks_a = {c["name"]: c["status"] for c in a.get("checks", [])}
     checks_b = {c["name"]: c["status"] for c in b.get("checks", [])}
+    failed = failures(a, b)
     statuses = [{"group": OTHER, "item": f"check {n}", "a": checks_a.get(n), "b": checks_b.get(n)}
-                for n in sorted(set(checks_a) | set(checks_b)) if checks_a.get(n) != checks_b.get(n)]
+                for n in sorted(set(checks_a) | set(checks_b)) if checks_a.get(n) != checks_b.get(n)
+                and "fail" not in (checks_a.get(n), checks_b.get(n))]
     abi = [r for r in rows if r["group"] == ABI]
-    return abi + model_differences(a, b) + versions + [r for r in rows if r["group"] == OTHER] + statuses
+    return failed + abi + model_differences(a, b) + versions + [r for r in rows if r["group"] == OTHER] + statuses
 
 
 def model_differences(a: dict, b: dict) -> list[dict]:
@@ -134,17 +162,24 @@ def shown(value) -> str:
 def render(rows: list[dict], name_a: str, name_b: str) -> str:
     if not rows:
         return f"no differences between {name_a} and {name_b}\n"
-    titles = {ABI: "ABI-breaking", SERVING: "serving other weights", VERSION: "versions", OTHER: "other"}
+    titles = {FAILURE: "failures, root cause first", ABI: "ABI-breaking",
+              SERVING: "serving other weights", VERSION: "versions", OTHER: "other"}
     wi = max(len(r["item"]) for r in rows)
     wa = max(len(name_a), *(len(shown(r["a"])) for r in rows))
     lines = []
-    for group in (ABI, SERVING, VERSION, OTHER):
+    for group in GROUPS:
         part = [r for r in rows if r["group"] == group]
         if not part:
             continue
         lines += ["" if lines else None, f"{titles[group]} ({len(part)})",
                   f"  {'':<{wi}}  {name_a:<{wa}}  {name_b}"]
-        lines += [f"  {r['item']:<{wi}}  {shown(r['a']):<{wa}}  {shown(r['b'])}" for r in part]
+        for r in part:
+            lines.append(f"  {r['item']:<{wi}}  {shown(r['a']):<{wa}}  {shown(r['b'])}")
+            if group == FAILURE:
+                host = name_b if r["fails_on"] == "b" else name_a
+                lines.append(f"  {'':<{wi}}  on {host}: {r['summary']}")
+                if r["fix"]:
+                    lines.append(f"  {'':<{wi}}  fix: {r['fix']}")
     return "\n".join(line for line in lines if line is not None) + "\n"
 
 
@@ -161,11 +196,12 @@ def run(args) -> int:
     a, b = fingerprint.load(args.a), fingerprint.load(args.b)
     rows = differences(a, b)
     abi = any(r["group"] == ABI for r in rows)
+    failed = any(r["group"] == FAILURE for r in rows)
     serving = any(r["group"] == SERVING for r in rows)
     if args.json:
-        sys.stdout.write(json.dumps({"a": args.a, "b": args.b, "abi_breaking": abi,
+        sys.stdout.write(json.dumps({"a": args.a, "b": args.b, "abi_breaking": abi, "failures": failed,
                                      "serving_other_weights": serving, "differences": rows},
                                     indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(render(rows, args.a, args.b))
-    return errors.FAILED if abi or serving else errors.OK
+    return errors.FAILED if abi or failed or serving else errors.OK

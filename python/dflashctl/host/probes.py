@@ -20,12 +20,35 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dflashctl import errors
+from dflashctl.host import symbols
 
 CHILD_SOURCE = (Path(__file__).with_name("probe_child.py")).read_text()
 MIN_DRIVER = 580  # CUDA 13.0 needs a driver >= 580 (CUDA 13.0 release notes, Linux)
 CUDA_LINE = "13"  # torch 2.11.0 from the index is the CUDA 13.0 build; sgl_kernel links *.so.13
 STDERR_TAIL_LINES = 12
 LOCKED = "install the locked wheel"
+NIX_INSTALL = "nix profile install .#dflash-env"
+INSTALL_STACK = ("install the locked stack into this environment: `dflashctl export -o /tmp/dflash-requirements.txt "
+                 "&& python -m pip install --no-deps --require-hashes -r /tmp/dflash-requirements.txt`, "
+                 f"or with Nix `{NIX_INSTALL}`")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """What the fixes name: the locked versions and how to install them (from the lock when known).
+
+    The versions come from the lock only (nix/stack.toml -> nix/python-lock.json): without a lock
+    a fix says "the version the lock pins" rather than a number that could be stale.
+    """
+
+    pins: dict = field(default_factory=dict)  # canonical name -> locked version
+    install: str = INSTALL_STACK
+
+    def wheel(self, name: str) -> str:
+        return f"{name} {self.pins[name]}" if self.pins.get(name) else f"the {name} version the lock pins"
+
+
+NO_LOCK = Stack()
 
 
 @dataclass
@@ -110,12 +133,22 @@ def run_probes(python: str, wanted: dict[str, tuple[str, str]], timeout: float =
         return {key: f.result() for key, f in futures.items()}
 
 
+# Lines of a long error that name the cause, best first: the dynamic loader's own words.
+CAUSE_MARKERS = ("undefined symbol", "cannot open shared object file", "version `", "wrong ELF class")
+
+
 def failure_text(r: dict) -> str:
     """The error in one line: the exception, or how the child died."""
     error = r.get("error") or "unknown failure"
-    lines = [line.strip() for line in error.splitlines() if line.strip()]
-    # sgl_kernel's CRITICAL message is a page long: keep its first line and its last detail.
-    return lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+    lines = [line.strip().lstrip("- ") for line in error.splitlines() if line.strip()]
+    if len(lines) == 1:
+        return lines[0]
+    # sgl_kernel's CRITICAL message is a page long, its cause in the middle: find the loader's line.
+    for marker in CAUSE_MARKERS:
+        for line in lines:
+            if marker in line:
+                return line
+    return f"{lines[0]} … {lines[-1]}"
 
 
 def not_installed(r: dict) -> bool:
@@ -148,9 +181,9 @@ def check_driver(r: dict) -> Check:
     return ok("driver", summary, **evidence(r))
 
 
-def check_torch(r: dict) -> Check:
+def check_torch(r: dict, stack: Stack = NO_LOCK) -> Check:
     f, code = r["facts"], errors.PREFLIGHT_TORCH
-    fix = f"{LOCKED}: torch 2.11.0, the CUDA 13.0 build"
+    fix = f"{LOCKED}: {stack.wheel('torch')}, the CUDA {CUDA_LINE}.x build"
     if not r["ok"]:
         what = "torch is not installed" if not_installed(r) else f"torch does not import: {failure_text(r)}"
         return fail("torch", what, fix, code, **evidence(r))
@@ -164,21 +197,24 @@ def check_torch(r: dict) -> Check:
     return ok("torch", f"{build}, GPU: {gpus}", **evidence(r))
 
 
-def check_triton(r: dict) -> Check:
+def check_triton(r: dict, stack: Stack = NO_LOCK) -> Check:
     if not r["ok"]:
         what = "triton is not installed" if not_installed(r) else f"triton does not import: {failure_text(r)}"
-        return fail("triton", what, f"{LOCKED}: triton 3.6.0 (the one torch 2.11.0 pins)", errors.FAILED,
+        return fail("triton", what, f"{LOCKED}: {stack.wheel('triton')} (the one torch pins)", errors.FAILED,
                     **evidence(r))
     return ok("triton", f"triton {r['facts']['version']}", **evidence(r))
 
 
-def check_sgl_kernel(r: dict) -> Check:
+def check_sgl_kernel(r: dict, stack: Stack = NO_LOCK) -> Check:
     f, code = r["facts"], errors.PREFLIGHT_KERNEL
-    fix = f"{LOCKED}: sglang-kernel 0.4.2, built for torch 2.11.0 + CUDA 13"
+    fix = f"{LOCKED}: {stack.wheel('sglang-kernel')}, built for {stack.wheel('torch')} + CUDA {CUDA_LINE}"
     if not r["ok"]:
         if not f.get("version"):
             return fail("sgl_kernel", "sgl_kernel (sglang-kernel) is not installed", fix, code, **evidence(r))
         where = f" on compute capability {f['compute_capability']}" if f.get("compute_capability") else ""
+        missing = symbols.undefined_symbol(r.get("error") or "")
+        if missing:
+            return abi_mismatch(r, missing, where, stack)
         return fail("sgl_kernel", f"sglang-kernel {f.get('version')} common_ops does not load{where}: "
                     f"{failure_text(r)}", fix, code, **evidence(r))
     summary = f"sglang-kernel {f['version']}: {f['variant']}/common_ops loads (torch {f['torch']})"
@@ -188,13 +224,28 @@ def check_sgl_kernel(r: dict) -> Check:
     return ok("sgl_kernel", summary, **evidence(r))
 
 
-def check_grammar(backend: str, r: dict | None, required: bool = True) -> Check:
+def abi_mismatch(r: dict, missing: dict, where: str, stack: Stack) -> Check:
+    """common_ops needs a C++ function the installed torch lacks: the two come from different builds."""
+    f = r["facts"]
+    library = missing["library"] or "common_ops"
+    library = "/".join(library.split("/")[-2:])  # sm90/common_ops.abi3.so: which variant failed
+    torch = f"torch {f['torch']}" if f.get("torch") else "the installed torch"
+    summary = (f"sglang-kernel {f.get('version')} {library} does not load{where}: undefined symbol "
+               f"{symbols.describe(missing)}: this sgl_kernel was built against another torch than {torch} "
+               "(torch's C++ API differs between builds)")
+    fix = (f"sgl_kernel and torch must come from one build ({stack.wheel('sglang-kernel')} is built for "
+           f"{stack.wheel('torch')}, CUDA {CUDA_LINE}): {stack.install}")
+    return fail("sgl_kernel", summary, fix, errors.PREFLIGHT_KERNEL, **evidence(r),
+                undefined_symbol=missing["symbol"], undefined_symbol_demangled=missing["demangled"])
+
+
+def check_grammar(backend: str, r: dict | None, required: bool = True, stack: Stack = NO_LOCK) -> Check:
     name = f"grammar:{backend}"
     if backend == "none":
         return warn(name, "grammar backend 'none': JSON-schema, regex and tool-call constraints are refused",
                     "install the locked xgrammar and use --grammar-backend xgrammar")
     f = r["facts"]
-    fix = f"{LOCKED}: the {backend} version the lock pins"
+    fix = f"{LOCKED}: {stack.wheel(backend)}"
     report = fail if required else (lambda n, s, fx, _code, **d: warn(n, s, fx, **d))
     if not r["ok"]:
         what = (f"{backend} is not installed" if not_installed(r)
@@ -209,8 +260,8 @@ def check_grammar(backend: str, r: dict | None, required: bool = True) -> Check:
     return ok(name, f"{backend} {f['version']}: every name SGLang imports is present", **evidence(r))
 
 
-def check_soundfile(r: dict) -> Check:
-    fix = f"{LOCKED}: soundfile 0.13.1 and cffi (SGLang's OpenAI routes import soundfile at start)"
+def check_soundfile(r: dict, stack: Stack = NO_LOCK) -> Check:
+    fix = f"{LOCKED}: {stack.wheel('soundfile')} and cffi (SGLang's OpenAI routes import soundfile at start)"
     if not r["ok"]:
         what = ("soundfile is not installed" if not_installed(r) and "soundfile" in r.get("error", "")
                 else f"soundfile does not import: {failure_text(r)}")
@@ -232,9 +283,9 @@ def check_native(soname: str, r: dict) -> Check:
     return ok(name, f"{soname} -> {r['facts']['path']}{extra}", **evidence(r))
 
 
-def check_sglang(r: dict, algorithm: str | None) -> Check:
+def check_sglang(r: dict, algorithm: str | None, stack: Stack = NO_LOCK) -> Check:
     f, code = r["facts"], errors.PREFLIGHT_SGLANG
-    fix = f"{LOCKED}: sglang 0.5.11"
+    fix = f"{LOCKED}: {stack.wheel('sglang')}"
     if not r["ok"]:
         what = ("sglang is not installed" if not_installed(r)
                 else f"sglang's server_args cannot be read: {failure_text(r)}")
@@ -277,12 +328,13 @@ def check_nvcc(r: dict) -> Check:
               **evidence(r))
 
 
-def check_transformers(r: dict) -> Check:
+def check_transformers(r: dict, stack: Stack = NO_LOCK) -> Check:
     f = r["facts"]
     if not r["ok"]:
         what = ("transformers is not installed" if not_installed(r)
                 else f"transformers does not import: {failure_text(r)}")
-        return fail("transformers", what, f"{LOCKED}: transformers 5.6.0", errors.FAILED, **evidence(r))
+        return fail("transformers", what, f"{LOCKED}: {stack.wheel('transformers')}", errors.FAILED,
+                    **evidence(r))
     return ok("transformers", f"transformers {f['version']} (tokenizers {f['tokenizers']})", **evidence(r))
 
 
@@ -300,21 +352,22 @@ def preflight_probes(grammar_backend: str, algorithm: str | None) -> dict[str, t
     return wanted
 
 
-def preflight_checks(results: dict, grammar_backend: str, algorithm: str | None) -> list[Check]:
+def preflight_checks(results: dict, grammar_backend: str, algorithm: str | None,
+                     stack: Stack = NO_LOCK) -> list[Check]:
     """In root-cause order: the driver before torch, torch before what is built on it."""
     grammar = f"grammar:{grammar_backend}"
     return [check_driver(results["driver"]), check_native("libcuda.so.1", results["libcuda"]),
-            check_native("libnuma.so.1", results["libnuma"]), check_torch(results["torch"]),
-            check_sgl_kernel(results["sgl_kernel"]),
-            check_grammar(grammar_backend, results.get(grammar)), check_soundfile(results["soundfile"]),
-            check_sglang(results["sglang"], algorithm)]
+            check_native("libnuma.so.1", results["libnuma"]), check_torch(results["torch"], stack),
+            check_sgl_kernel(results["sgl_kernel"], stack),
+            check_grammar(grammar_backend, results.get(grammar), stack=stack),
+            check_soundfile(results["soundfile"], stack), check_sglang(results["sglang"], algorithm, stack)]
 
 
 def preflight(grammar_backend: str, speculative_algorithm: str | None, python: str = sys.executable,
-              timeout: float = 60.0) -> list[Check]:
+              timeout: float = 60.0, stack: Stack = NO_LOCK) -> list[Check]:
     """What `serve` checks before it starts SGLang: each failure is one that would kill it later."""
     if grammar_backend not in (*GRAMMAR_BACKENDS, "none"):
         raise errors.DflashError(f"unknown grammar backend {grammar_backend!r}", "",
                                  f"use one of {', '.join(GRAMMAR_BACKENDS)}, none", errors.CONFIG)
     results = run_probes(python, preflight_probes(grammar_backend, speculative_algorithm), timeout)
-    return preflight_checks(results, grammar_backend, speculative_algorithm)
+    return preflight_checks(results, grammar_backend, speculative_algorithm, stack)

@@ -20,8 +20,14 @@ from dflashctl.service.sglang_args import MAPPED_FLAGS  # the mapping owns the f
 ALGORITHMS = ("DFLASH", "DDTREE", "EAGLE3")
 NEEDS_DRAFT = ("DFLASH", "DDTREE", "EAGLE3")
 GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines", "none")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # always fullmatch: `$` would let "a\n" pass
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Every text value reaches the unit file or SGLang's argv: systemd refuses unit lines over 1 MiB
+# (LONG_LINE_MAX) and Linux one argument over 128 KiB (MAX_ARG_STRLEN). A model id or path fits in
+# PATH_MAX; a settings file is a few KiB.
+MAX_TEXT = 4096
+MAX_ITEMS = 256  # extraArgs entries, environment variables
+MAX_FILE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,12 @@ class InstanceConfig:
 def _str(v):
     if not isinstance(v, str) or not v.strip():
         raise ValueError("a non-empty string")
+    return _short(v)
+
+
+def _short(v: str) -> str:
+    if len(v) > MAX_TEXT:
+        raise ValueError(f"at most {MAX_TEXT} characters long (it has {len(v)})")
     return v
 
 
@@ -118,7 +130,7 @@ def _fraction(v):
 def _abs_path(v):
     if not isinstance(v, str) or not v.startswith("/"):
         raise ValueError("an absolute path")
-    return v
+    return _short(v)
 
 
 REVISION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
@@ -134,24 +146,30 @@ def _gpus(v):
     if not isinstance(v, list) or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in v):
         raise ValueError("a list of GPU indices (integers >= 0), e.g. [0, 1]")
     if len(set(v)) != len(v):
-        raise ValueError(f"a list without repeats (got {v})")
+        raise ValueError("a list without repeats")  # the caller adds "(got [...])"
     return tuple(v)
 
 
 def _environment(v):
     if not isinstance(v, dict):
         raise ValueError('an object of strings, e.g. {"NCCL_DEBUG": "WARN"}')
+    if len(v) > MAX_ITEMS:
+        raise ValueError(f"an object of at most {MAX_ITEMS} variables")
     for k, val in v.items():
-        if not ENV_NAME_RE.match(k):
-            raise ValueError(f"an object whose keys are variable names ({k!r} is not)")
+        if not ENV_NAME_RE.fullmatch(k) or len(k) > MAX_TEXT:
+            raise ValueError(f"an object whose keys are variable names ({_cut(repr(k))} is not)")
         if not isinstance(val, str):
-            raise ValueError(f"an object of strings ({k} is {json.dumps(val)}; quote it)")
+            raise ValueError(f"an object of strings ({k} is {_brief(val)}; quote it)")
+        if len(val) > MAX_TEXT:
+            raise ValueError(f"an object of strings of at most {MAX_TEXT} characters ({k} has {len(val)})")
     return dict(v)
 
 
 def _extra_args(v):
     if not isinstance(v, list) or any(not isinstance(a, str) for a in v):
         raise ValueError('a list of strings, e.g. ["--max-running-requests", "64"]')
+    if len(v) > MAX_ITEMS or any(len(a) > MAX_TEXT for a in v):
+        raise ValueError(f"a list of at most {MAX_ITEMS} strings of at most {MAX_TEXT} characters each")
     return tuple(v)
 
 
@@ -226,7 +244,7 @@ def _convert(d: dict, keys: dict, prefix: str, problems: list[str]) -> dict:
             try:
                 out[attr] = check(d[key])
             except ValueError as e:
-                problems.append(f"{prefix}{key}: must be {e} (got {json.dumps(d[key])})")
+                problems.append(f"{prefix}{key}: must be {e} (got {_brief(d[key])})")
     return out
 
 
@@ -238,9 +256,9 @@ def problems_of(d: Any, name: str | None = None) -> tuple[list[str], dict]:
     kwargs: dict[str, Any] = {}
     inst_name = d.get("name", name)
     if name is not None and "name" in d and d["name"] != name:
-        problems.append(f"name: {d['name']!r} differs from the instance's key {name!r}")
-    if not isinstance(inst_name, str) or not NAME_RE.match(inst_name):
-        problems.append(f"name: {inst_name!r} must be 1-64 letters, digits, '-' or '_' "
+        problems.append(f"name: {_cut(repr(d['name']))} differs from the instance's key {_cut(repr(name))}")
+    if not isinstance(inst_name, str) or not NAME_RE.fullmatch(inst_name):
+        problems.append(f"name: {_cut(repr(inst_name))} must be 1-64 letters, digits, '-' or '_' "
                         "(it becomes part of the systemd unit name)")
     kwargs["name"] = inst_name
     if "model" not in d:
@@ -250,7 +268,7 @@ def problems_of(d: Any, name: str | None = None) -> tuple[list[str], dict]:
     try:
         spec = _speculative(spec)
     except ValueError as e:
-        problems.append(f"speculative: must be {e} (got {json.dumps(spec)})")
+        problems.append(f"speculative: must be {e} (got {_brief(spec)})")
         spec = {}
     if isinstance(spec, dict):
         problems += _unknown(spec, SPECULATIVE_KEYS, "speculative.")
@@ -328,16 +346,50 @@ def from_dict(d: Any, name: str | None = None, origin: str = "settings") -> Inst
     return InstanceConfig(**kwargs)
 
 
+def _brief(value) -> str:
+    """A value as JSON for a message, cut short: a 4 MB string must not become a 4 MB error."""
+    return _cut(json.dumps(value))
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def _no_duplicates(pairs: list) -> dict:
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {_brief(key)} appears twice in one object")
+        seen[key] = value
+    return seen
+
+
 def read_json(path: Path | str) -> Any:
+    """The settings file's JSON; every way it can be unreadable is one CONFIG error."""
     path = Path(path)
+    fix = "write the settings as UTF-8 JSON (the module or `dflashctl unit` writes a valid file)"
     try:
-        return json.loads(path.read_text())
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE + 1)
     except OSError as e:
         raise DflashError(f"cannot read {path}", e.strerror or str(e),
                           "pass the settings file the module or `dflashctl unit` wrote", CONFIG)
+    if len(data) > MAX_FILE:
+        raise DflashError(f"{path} is too large for a settings file", f"over {MAX_FILE} bytes", fix, CONFIG)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DflashError(f"{path} is not UTF-8 text", f"byte {e.start}: {e.reason}", fix, CONFIG) from None
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as e:
         raise DflashError(f"{path} is not valid JSON", f"line {e.lineno} column {e.colno}: {e.msg}",
-                          "fix the JSON syntax", CONFIG)
+                          "fix the JSON syntax", CONFIG) from None
+    except RecursionError:
+        raise DflashError(f"{path} is not valid settings", "its JSON is nested too deeply", fix, CONFIG) from None
+    except ValueError as e:  # from _no_duplicates
+        raise DflashError(f"{path} is ambiguous", str(e),
+                          "keep one of the two (JSON readers disagree on which one wins)", CONFIG) from None
 
 
 def load(path: Path | str) -> InstanceConfig:

@@ -19,6 +19,13 @@ def notify(message: str, env: dict[str, str] | None = None) -> bool:
     return True
 
 
-def status(text: str) -> bool:
-    # STATUS= is one line in `systemctl status`: keep it short and single-line.
-    return notify("STATUS=" + " ".join(text.split())[:200])
+NOTIFY_MAX_BYTES = 4000  # systemd ignores a notify datagram of PIPE_BUF (4096) bytes or more
+
+
+def status(text: str, limit: int = 200) -> bool:
+    """STATUS= is one line in `systemctl status`: single-line, and short unless `limit` allows more
+    (a list of preflight failures); never past what systemd accepts."""
+    line = " ".join(text.split())[:limit]
+    while len(line.encode()) > NOTIFY_MAX_BYTES - len("STATUS="):
+        line = line[:-64]
+    return notify("STATUS=" + line)

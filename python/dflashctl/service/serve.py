@@ -1,7 +1,8 @@
 """`dflashctl serve --config FILE`: run one SGLang instance under systemd, ready only when it decodes.
 
-Order: settings (exit CONFIG) -> preflight probes in child processes, before any weights load (exit
-with the failing probe's code) -> SGLang in its own process group -> /health_generate answers ->
+Order: settings (exit CONFIG) -> preflight probes in child processes, before any weights load (every
+failure listed with its fix; exit with the first one's code) -> SGLang in its own process group ->
+/health_generate answers ->
 READY=1. A child that dies, before or after ready, is reported at once with the tail of its log.
 SIGTERM/SIGINT go to the whole process group; STOPPING=1 tells systemd we are on our way out.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
                               SERVER_DIED_AFTER_READY, DflashError)
 from dflashctl.host import cuda_home, hub_cache
+from dflashctl.lock import lockfile
 from dflashctl.service import config, sdnotify, sglang_args
 from dflashctl.service.server import Server, _describe, _indent
 from dflashctl.service.validate import warnings_for
@@ -89,26 +91,51 @@ def check_models_cached(cfg: config.InstanceConfig, child_env: dict[str, str], c
     say("preflight: models are in the cache (offline)")
 
 
-def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]) -> None:
+def probe_checks(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]) -> list:
+    """The environment's probes (torch, sgl_kernel, grammar backend, soundfile, libraries, driver)."""
     try:
-        from dflashctl.host import probes
+        from dflashctl.host import fingerprint, probes
     except ImportError as e:
         raise DflashError("dflashctl's preflight probes are missing", str(e),
                           "reinstall dflashctl; `--skip-preflight` starts without them", PREFLIGHT_SGLANG)
+    return probes.preflight(cfg.grammar_backend, cfg.speculative.algorithm, python=python,
+                            stack=fingerprint.stack_of_lock(lock_path(), python))
+
+
+def lock_path() -> Path:
+    """The lock whose versions the fixes name (missing: the fixes say "the version the lock pins")."""
+    return lockfile.DEFAULT_LOCK
+
+
+# Each step: (settings, python, child env) -> list of probes.Check. Every step runs, whatever the
+# others found, so one start names every problem; the first failure's code is the exit status.
+PREFLIGHT_STEPS = [probe_checks]
+STATUS_LIMIT = 3500  # the list of failures in STATUS=; sdnotify keeps it under systemd's datagram size
+
+
+def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]) -> None:
     for w in jit_toolchain_warnings(child_env):
         say(f"preflight warning: {w}")
     say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver")
-    checks = probes.preflight(cfg.grammar_backend, cfg.speculative.algorithm, python=python)
+    checks = [c for step in PREFLIGHT_STEPS for c in step(cfg, python, child_env)]
     for c in checks:
         if c.status == "warn":
             say(f"preflight warning: {c.name}: {c.summary}")
-    failed = probes.first_failure(checks)
-    if failed is not None:
-        facts = "\n".join(f"{k}: {v}" for k, v in (failed.details or {}).items())
-        why = failed.summary + (f"\n{_indent(facts)}" if facts else "")
-        raise DflashError(f"preflight {failed.name} failed; SGLang was not started", why,
-                          failed.fix, failed.exit_code)
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        raise preflight_failure(failed, len(checks), python)
     say(f"preflight: {len(checks)} checks passed")
+
+
+def preflight_failure(failed: list, total: int, python: str) -> DflashError:
+    """Every failure with its fix, in the unit's status and the log; the first one's exit code."""
+    doctor = f"dflashctl doctor --python {python}"
+    head = f"preflight: {len(failed)} of {total} checks failed; SGLang was not started"
+    items = [f"{i}. {c.name}: {c.summary}\n   fix: {c.fix}" for i, c in enumerate(failed, 1)]
+    sdnotify.status(f"{head} (evidence: {doctor}): " + " | ".join(items), limit=STATUS_LIMIT)
+    return DflashError(head, "in root-cause order:\n" + _indent("\n".join(items)),
+                       f"fix them in this order (the first is the likeliest root cause); `{doctor}` "
+                       "shows every check with its evidence", failed[0].exit_code)
 
 
 def jit_toolchain_warnings(env: dict[str, str]) -> list[str]:
