@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dflashctl.errors import CONFIG, DflashError
+from dflashctl.service import unit_text
 from dflashctl.service.sglang_args import MAPPED_FLAGS  # the mapping owns the flag names
 
 ALGORITHMS = ("DFLASH", "DDTREE", "EAGLE3")
@@ -119,7 +120,7 @@ def _gpus(v):
     if not isinstance(v, list) or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in v):
         raise ValueError("a list of GPU indices (integers >= 0), e.g. [0, 1]")
     if len(set(v)) != len(v):
-        raise ValueError(f"a list without repeats (got {v})")
+        raise ValueError("a list without repeats")
     return tuple(v)
 
 
@@ -211,11 +212,27 @@ def _convert(d: dict, keys: dict, prefix: str, problems: list[str]) -> dict:
     return out
 
 
+def _control_characters(value: Any, where: str) -> list[str]:
+    """Every string (keys too) reaches the unit or the process environment: no control characters."""
+    if isinstance(value, str):
+        bad = unit_text.control_problem(value)
+        return [f"{where}: {bad} (got {json.dumps(value)})"] if bad else []
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _control_characters(v, f"{where}[{i}]")]
+    if isinstance(value, dict):
+        out = []
+        for k, v in value.items():
+            key = f"{where}.{k}" if where else str(k)
+            out += _control_characters(k, f"{key} (the name)") + _control_characters(v, key)
+        return out
+    return []
+
+
 def problems_of(d: Any, name: str | None = None) -> tuple[list[str], dict]:
     """Check one instance's JSON. Returns (problems, converted keyword arguments)."""
     if not isinstance(d, dict):
         return ["the settings must be a JSON object"], {}
-    problems = _unknown(d, ALL_KEYS, "")
+    problems = _unknown(d, ALL_KEYS, "") + _control_characters(d, "")
     kwargs: dict[str, Any] = {}
     inst_name = d.get("name", name)
     if name is not None and "name" in d and d["name"] != name:
@@ -276,6 +293,11 @@ def _rules(kw: dict) -> list[str]:
                    "or set environment.SGLANG_GRPC_PORT")
     if gpus and "CUDA_VISIBLE_DEVICES" in env:
         out.append("environment.CUDA_VISIBLE_DEVICES: conflicts with gpus; set the GPUs with gpus only")
+    cache_dir = kw.get("cache_dir")
+    if cache_dir is not None:
+        bad = unit_text.cache_dir_problem(cache_dir, unit_text.unit_data()["cacheDir"])
+        if bad:
+            out.append(f"cacheDir: {bad}")
     for arg in kw.get("extra_args", ()):
         flag = arg.split("=", 1)[0]
         if flag in MAPPED_FLAGS:

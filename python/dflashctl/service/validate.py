@@ -11,20 +11,20 @@ import sys
 from itertools import combinations
 
 from dflashctl.errors import CONFIG, OK, DflashError
-from dflashctl.service import config, sglang_features
+from dflashctl.service import config, sglang_features, unit_text
 from dflashctl.service.config import InstanceConfig
 
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+WILDCARD_HOSTS = tuple(unit_text.warning_texts()["wildcardHosts"])
 
 
 def warnings_for(cfg: InstanceConfig) -> list[str]:
+    """Allowed but probably unwanted; the texts (and the module's NixOS warnings) are in warnings.json."""
+    texts = unit_text.warning_texts()
     out = []
     if cfg.grammar_backend == "none":
-        out.append(f"instance {cfg.name!r}: grammarBackend is \"none\": requests with a JSON schema, "
-                   "regex, EBNF or tool calls with strict arguments will be refused; use \"xgrammar\" "
-                   "once the environment's xgrammar works (`dflashctl doctor`)")
+        out.append(unit_text.fill(texts["grammarNone"], name=cfg.name))
     if cfg.host in WILDCARD_HOSTS and cfg.api_key_file is None:
-        out.append(f"instance {cfg.name!r}: listens on every interface ({cfg.host}) without apiKeyFile")
+        out.append(unit_text.fill(texts["openWithoutKey"], name=cfg.name, host=cfg.host))
     return out
 
 
