@@ -17,7 +17,7 @@ from dflashctl.service import unit_text
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "data" / "service" / "unit-text.json"
-NIX = HERE / "nix" / "unit-text.nix"
+NIX = HERE / "data" / "service" / "unit-text.nix"
 
 HOSTILE = [
     "plain", "/opt/dflash/bin/dflashctl", "/srv/hf cache/%h", "50%", "a\\b", "a\\nb", 'say "hi"',

@@ -1,11 +1,11 @@
 # nix/lib/unit-text.nix over the hostile values in a JSON file (tests/test_unit_text.py compares the
 # result with Python's unit_text and with the golden file).
-#   nix eval --json --file tests/nix/unit-text.nix --argstr valuesFile values.json   (or via --expr)
+#   nix-instantiate --eval --strict --json tests/data/service/unit-text.nix --argstr valuesFile v.json
 { valuesFile }:
 let
-  u = import ../../nix/lib/unit-text.nix;
+  u = import ../../../nix/lib/unit-text.nix;
   rules =
-    (builtins.fromJSON (builtins.readFile ../../python/dflashctl/service/data/service-unit.json))
+    (builtins.fromJSON (builtins.readFile ../../../python/dflashctl/service/data/service-unit.json))
     .cacheDir;
   values = builtins.fromJSON (builtins.readFile valuesFile);
   one = v: {
