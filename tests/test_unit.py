@@ -131,9 +131,11 @@ def test_cache_dir_is_systemd_owned_or_refused(capsys, tmp_path):
                                      ("/run/user/1000/hf", "ProtectHome"), ("/tmp/hf", "PrivateTmp"),
                                      ("/var/tmp/hf", "PrivateTmp")])
 def test_cache_dir_hidden_by_the_sandbox_is_refused(path, by):
+    cfg = config.from_dict({"name": "a", "model": "m", "cacheDir": path})  # fine outside systemd
     with pytest.raises(errors.DflashError) as e:
-        config.from_dict({"name": "a", "model": "m", "cacheDir": path})
-    assert f"cacheDir: {path} is hidden from the service by {by}=true" in str(e.value)
+        unit.render(cfg, "/etc/dflash/a.json", "/bin/true")
+    assert e.value.exit_code == errors.CONFIG
+    assert f"{path} is hidden from the service by {by}=true" in str(e.value)
     assert "/var/cache" in str(e.value)
 
 

@@ -293,11 +293,6 @@ def _rules(kw: dict) -> list[str]:
                    "or set environment.SGLANG_GRPC_PORT")
     if gpus and "CUDA_VISIBLE_DEVICES" in env:
         out.append("environment.CUDA_VISIBLE_DEVICES: conflicts with gpus; set the GPUs with gpus only")
-    cache_dir = kw.get("cache_dir")
-    if cache_dir is not None:
-        bad = unit_text.cache_dir_problem(cache_dir, unit_text.unit_data()["cacheDir"])
-        if bad:
-            out.append(f"cacheDir: {bad}")
     for arg in kw.get("extra_args", ()):
         flag = arg.split("=", 1)[0]
         if flag in MAPPED_FLAGS:

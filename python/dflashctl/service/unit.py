@@ -75,6 +75,10 @@ def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python:
     if cfg.api_key_file:
         service["LoadCredential"] = f"{data['apiKeyCredential']}:{unit_text.specifiers(cfg.api_key_file)}"
     try:
+        # The sandbox decides where a cache can live (serve outside systemd may use any path).
+        bad = cfg.cache_dir is not None and unit_text.cache_dir_problem(cfg.cache_dir, data["cacheDir"])
+        if bad:
+            raise ValueError(bad)
         cache = unit_text.cache_dir_directives(cfg.cache_dir, data["cacheDir"], static_user=False)
     except ValueError as e:
         raise _refuse(f"cacheDir of instance {cfg.name!r} cannot be used by this unit", str(e),
