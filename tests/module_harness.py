@@ -11,6 +11,7 @@ nixpkgs' lib: $DFLASH_NIXPKGS_LIB, else ../shared/nixpkgs-lib next to the reposi
 /work/main have it), else $DFLASH_NIXPKGS/lib; `nixpkgs_lib()` is None when none exists.
 """
 
+import atexit
 import functools
 import json
 import os
@@ -70,6 +71,7 @@ def _stand_in_env(root: Path, choices: list[str]) -> None:
 def harness_dir() -> Path:
     """Real package directories: dflashctl (this checkout's) and two stack envs (release, patched)."""
     root = Path(tempfile.mkdtemp(prefix="dflash-module-harness-"))
+    atexit.register(shutil.rmtree, root, True)
     bin_dir = root / "dflashctl" / "bin"
     bin_dir.mkdir(parents=True)
     exe = bin_dir / "dflashctl"
