@@ -1,9 +1,12 @@
 # services.dflash: SGLang + DFlash instances, one systemd unit each (dflash-<name>.service).
 #
-# The module only declares options and writes each instance's settings as JSON. Everything that
-# knows SGLang (flag mapping, rules, preflight) is in dflashctl: `dflashctl validate` runs at build
-# time over all instances (system.checks), `dflashctl serve --config <json>` runs the instance.
-# The unit's directives and hardening come from the same file `dflashctl unit` renders from.
+# The module declares options and writes each instance's settings as JSON. Everything that knows
+# SGLang (flag mapping, rules, preflight) is in dflashctl. Validation in two steps, neither needing
+# the stack: `dflashctl validate` over all instances in a check that depends on dflashctl alone,
+# and the package's SGLang only for DDTREE instances. Warnings (warnings.json) become NixOS
+# warnings. The unit's directives and hardening come from the same file `dflashctl unit` renders
+# from, at mkDefault priority so a host can override any of them; every value that reaches the unit
+# is refused (control characters, by the option types) or escaped by ./lib/unit-text.nix.
 {
   config,
   lib,
@@ -11,13 +14,29 @@
   ...
 }:
 let
-  inherit (lib) mkOption types literalExpression;
+  inherit (lib)
+    mkDefault
+    mkOption
+    types
+    literalExpression
+    ;
 
   cfg = config.services.dflash;
+  unitText = import ./lib/unit-text.nix;
   unitData = lib.importJSON ../python/dflashctl/service/data/service-unit.json;
+  warningTexts = lib.importJSON ../python/dflashctl/service/data/warnings.json;
   instances = lib.filterAttrs (_: i: i.enable) cfg.instances;
   dflashctl = lib.getExe' cfg.dflashctlPackage "dflashctl";
   pythonOf = i: "${i.package}/bin/python";
+
+  # Every string option that reaches the unit or the settings: no newline or other control
+  # character (`dflashctl validate` refuses the same; the message names the option).
+  unitStr = types.addCheck types.str (s: unitText.controlProblem s == null) // {
+    name = "unitStr";
+    description = "string without newlines or other control characters";
+  };
+  # NixOS's own user/group name rule (users-groups.nix).
+  accountName = types.strMatching "[a-zA-Z0-9_.][a-zA-Z0-9_.-]*";
 
   # The settings dflashctl reads: the option names as they are, module-only options left out.
   settingsOf =
@@ -68,20 +87,20 @@ let
     builtins.toJSON { instances = lib.mapAttrs settingsOf instances; }
   );
 
-  # Build-time validation: the rules are written once, in Python. Cross-instance rules over all
-  # instances; each speculative instance also against the SGLang of its own package (DDTREE).
-  validation = pkgs.runCommand "dflash-validate" { } ''
+  # Build-time validation, rules written once in Python. Step 1: every instance's settings and the
+  # rules across instances, with dflashctl alone (seconds; no stack is built for it).
+  settingsCheck = pkgs.runCommand "dflash-validate-settings" { } ''
     ${dflashctl} validate ${allSettings}
-    ${lib.concatStringsSep "\n" (
-      lib.mapAttrsToList (
-        name: i:
-        lib.optionalString (
-          i.speculative.algorithm != null
-        ) "${dflashctl} validate ${settingsFile name i} --python ${pythonOf i}"
-      ) instances
-    )}
     touch $out
   '';
+  # Step 2, only for DDTREE instances: the package's SGLang must offer it (a patched SGLang).
+  packageCheck =
+    name: i:
+    pkgs.runCommand "dflash-validate-${name}-package" { } ''
+      ${dflashctl} validate ${settingsFile name i} --python ${pythonOf i}
+      touch $out
+    '';
+  ddtreeInstances = lib.filterAttrs (_: i: i.speculative.algorithm == "DDTREE") instances;
 
   speculativeOptions = {
     algorithm = mkOption {
@@ -117,7 +136,7 @@ let
       description = "Tree nodes verified per step with DDTREE (`--speculative-ddtree-budget`).";
     };
     draftAttentionBackend = mkOption {
-      type = types.nullOr types.str;
+      type = types.nullOr unitStr;
       default = null;
       example = "flashinfer";
       description = "Attention kernel of the drafter (`--speculative-draft-attention-backend`).";
@@ -144,7 +163,7 @@ let
           '';
         };
         model = mkOption {
-          type = types.str;
+          type = unitStr;
           example = "Qwen/Qwen3-8B";
           description = ''
             Target model: a Hugging Face repo id (downloaded into {option}`cacheDir`) or a local
@@ -152,14 +171,14 @@ let
           '';
         };
         draftModel = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr unitStr;
           default = null;
           example = "z-lab/Qwen3-8B-DFlash-b16";
           description = "Drafter for speculative decoding (`--speculative-draft-model-path`).";
         };
         # Models pinned like the code: a commit per hub model, fetched ahead, no hub at start.
         modelRevision = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr unitStr;
           default = null;
           example = "0e9e39f249a16976918f6564b8830bc894c89659";
           description = ''
@@ -169,13 +188,13 @@ let
           '';
         };
         draftModelRevision = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr unitStr;
           default = null;
           example = "3b1c0d2e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c";
           description = "Hub revision of {option}`draftModel` (`--speculative-draft-model-revision`), as for {option}`modelRevision`.";
         };
         hfTokenFile = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr unitStr;
           default = null;
           example = "/run/secrets/hf-token";
           description = ''
@@ -229,7 +248,7 @@ let
           description = "Tensor-parallel size (`--tp-size`); at most the number of {option}`gpus`.";
         };
         host = mkOption {
-          type = types.str;
+          type = unitStr;
           default = "127.0.0.1";
           example = "0.0.0.0";
           description = "Address the OpenAI-compatible HTTP API listens on (`--host`).";
@@ -256,11 +275,11 @@ let
           description = ''
             Constrained decoding backend (`--grammar-backend`); preflight checks it imports with the
             names SGLang needs. `none` starts faster but refuses JSON-schema, regex and tool-call
-            requests (the build prints a warning).
+            requests (a NixOS warning says so).
           '';
         };
         attentionBackend = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr unitStr;
           default = null;
           example = "fa3";
           description = "Attention kernel of the target (`--attention-backend`); `null`: SGLang picks.";
@@ -278,13 +297,13 @@ let
           description = "Maximum context length (`--context-length`); `null`: the model's own.";
         };
         servedModelName = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr unitStr;
           default = null;
           example = "qwen3-8b";
           description = "Model name the API reports and accepts (`--served-model-name`).";
         };
         apiKeyFile = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr unitStr;
           default = null;
           example = "/run/secrets/dflash-api-key";
           description = ''
@@ -299,7 +318,7 @@ let
           description = "Serve Prometheus metrics at `/metrics` (`--enable-metrics`).";
         };
         environment = mkOption {
-          type = types.attrsOf types.str;
+          type = types.attrsOf unitStr;
           default = { };
           example = {
             NCCL_DEBUG = "WARN";
@@ -307,7 +326,7 @@ let
           description = "Extra environment variables for SGLang (not for the preflight probes).";
         };
         extraArgs = mkOption {
-          type = types.listOf types.str;
+          type = types.listOf unitStr;
           default = [ ];
           example = [
             "--max-running-requests"
@@ -319,26 +338,35 @@ let
           '';
         };
         user = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr accountName;
           default = null;
           example = "dflash";
           description = ''
-            Static user to run as (created as a system user). `null` runs under `DynamicUser`.
+            Static user to run as (`User=`, `DynamicUser=false`). A user the host already declares
+            (normal or system) is used as it is; otherwise it is created as a system user with the
+            group of the same name. `null` runs under `DynamicUser` and renders no `User=`.
           '';
         };
         group = mkOption {
-          type = types.nullOr types.str;
-          default = config.user;
-          defaultText = literalExpression "user";
-          description = "Group of {option}`user` (created); only used when {option}`user` is set.";
+          type = types.nullOr accountName;
+          default = null;
+          description = ''
+            Group to run as (`Group=`, created if needed); `null`: the primary group of
+            {option}`user`. Only used when {option}`user` is set.
+          '';
         };
         cacheDir = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr unitStr;
           default = null;
-          example = "/srv/hf-cache";
+          example = "/var/cache/hf";
           description = ''
-            Model download cache (`HF_HOME`). `null` uses systemd's `CacheDirectory`,
-            `/var/cache/dflash-${name}`. Another directory is made writable with `ReadWritePaths`.
+            Model download cache (`HF_HOME`). `null`: `/var/cache/dflash-${name}` (systemd's
+            `CacheDirectory`). Under `/var/cache` or `/var/lib` systemd creates and owns it
+            (`CacheDirectory`/`StateDirectory`), also under `DynamicUser`; two `DynamicUser`
+            instances cannot share one. Elsewhere (e.g. `/srv/hf`) it needs a static
+            {option}`user`: systemd-tmpfiles creates it for that user, `ReadWritePaths` opens it.
+            Refused under `/home`, `/root`, `/run/user` (ProtectHome) and `/tmp`, `/var/tmp`
+            (PrivateTmp), which the sandbox hides.
           '';
         };
         startTimeoutSec = mkOption {
@@ -351,13 +379,13 @@ let
           '';
         };
         loadFormat = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr unitStr;
           default = null;
           example = "dummy";
           description = "Weight format (`--load-format`); `dummy` gives random weights (smoke tests).";
         };
         draftLoadFormat = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr unitStr;
           default = null;
           example = "dummy";
           description = "Weight format of the drafter (`--speculative-draft-load-format`).";
@@ -374,7 +402,7 @@ let
           description = "Largest batch captured in CUDA graphs (`--cuda-graph-max-bs`).";
         };
         samplingBackend = mkOption {
-          type = types.nullOr types.str;
+          type = types.nullOr unitStr;
           default = null;
           example = "pytorch";
           description = "Sampling kernel (`--sampling-backend`).";
@@ -390,29 +418,156 @@ let
   # Secrets reach the service through systemd's credentials, never the store or the unit's text.
   credentials =
     i:
-    lib.optional (i.apiKeyFile != null) "${unitData.apiKeyCredential}:${i.apiKeyFile}"
-    ++ lib.optional (i.hfTokenFile != null) "${unitData.hfTokenCredential}:${i.hfTokenFile}";
+    lib.optional (
+      i.apiKeyFile != null
+    ) "${unitData.apiKeyCredential}:${unitText.specifiers i.apiKeyFile}"
+    ++ lib.optional (
+      i.hfTokenFile != null
+    ) "${unitData.hfTokenCredential}:${unitText.specifiers i.hfTokenFile}";
+
+  # The primary group a static user runs with (NixOS picks it when the instance names none).
+  groupOf = i: if i.group != null then i.group else config.users.users.${i.user}.group;
+  cacheOf = i: unitText.cacheDirDirectives unitData.cacheDir i.cacheDir (i.user != null);
+
+  # Exactly the directives `dflashctl unit` renders (tests/test_unit_module.py compares them), plus
+  # User=/Group= for a static user. Each at mkDefault: `systemd.services.dflash-<name>.*` wins.
+  serviceOf =
+    name: i:
+    unitData.service
+    // {
+      ExecStart = unitText.commandLine [
+        dflashctl
+        "serve"
+        "--config"
+        "${settingsFile name i}"
+        "--python"
+        (pythonOf i)
+      ];
+      TimeoutStartSec = "${toString (i.startTimeoutSec + unitData.timeoutStartMarginSec)}s";
+    }
+    // lib.optionalAttrs (credentials i != [ ]) { LoadCredential = credentials i; }
+    // lib.mapAttrs (
+      k: v:
+      if k == "CacheDirectory" then
+        [
+          unitData.service.CacheDirectory
+          v
+        ]
+      else
+        v
+    ) (if cacheOf i == null then { } else cacheOf i)
+    // lib.optionalAttrs (i.user != null) (
+      {
+        DynamicUser = false;
+        User = i.user;
+      }
+      // lib.optionalAttrs (i.group != null) { Group = i.group; }
+    );
 
   unitOf = name: i: {
-    description = "DFlash SGLang instance ${name} (${i.model})";
+    description = mkDefault (
+      unitText.specifiers (
+        unitText.fill unitData.description {
+          inherit name;
+          inherit (i) model;
+        }
+      )
+    );
+    # Dependency lists merge with a host's own (NixOS list options); the rest is mkDefault.
+    after = unitData.unit.After;
+    wants = unitData.unit.Wants;
     wantedBy = unitData.install.WantedBy;
     # SGLang's first start compiles JIT kernels: nvcc comes from the stack's own wheels (serve
     # points CUDA_HOME at them), the host compiler it and tvm-ffi call (gcc, c++) from here.
     path = [ pkgs.stdenv.cc ];
-    unitConfig = unitData.unit;
-    serviceConfig =
-      unitData.service
-      // {
-        ExecStart = "${dflashctl} serve --config ${settingsFile name i} --python ${pythonOf i}";
-        TimeoutStartSec = "${toString (i.startTimeoutSec + unitData.timeoutStartMarginSec)}s";
-      }
-      // lib.optionalAttrs (credentials i != [ ]) { LoadCredential = credentials i; }
-      // lib.optionalAttrs (i.cacheDir != null) { ReadWritePaths = [ i.cacheDir ]; }
-      // lib.optionalAttrs (i.user != null) {
-        User = i.user;
-        Group = i.group;
-      };
+    unitConfig = lib.mapAttrs (_: mkDefault) (
+      removeAttrs unitData.unit [
+        "After"
+        "Wants"
+      ]
+    );
+    serviceConfig = lib.mapAttrs (_: mkDefault) (serviceOf name i);
   };
+
+  # Refused at evaluation, each naming its option; the settings rules run in settingsCheck.
+  assertionsOf =
+    name: i:
+    let
+      opt = "services.dflash.instances.${name}";
+    in
+    [
+      {
+        assertion = builtins.match "[A-Za-z0-9][A-Za-z0-9_-]{0,63}" name != null;
+        message = "${opt}: the instance name must be 1-64 letters, digits, '-' or '_' (it becomes part of the systemd unit name dflash-<name>.service)";
+      }
+      {
+        assertion = i.apiKeyFile == null || !lib.hasPrefix builtins.storeDir (toString i.apiKeyFile);
+        message = "${opt}.apiKeyFile points into the Nix store, which every user can read; keep the key outside the store (e.g. /run/secrets).";
+      }
+      {
+        assertion = i.hfTokenFile == null || !lib.hasPrefix builtins.storeDir (toString i.hfTokenFile);
+        message = "${opt}.hfTokenFile points into the Nix store, which every user can read; keep the token outside the store (e.g. /run/secrets).";
+      }
+      {
+        assertion = i.user != "root";
+        message = "${opt}.user = \"root\" would run SGLang with full privileges; use null (DynamicUser) or an unprivileged user";
+      }
+    ]
+    ++ lib.optionals (i.cacheDir != null) [
+      {
+        assertion = unitText.cacheDirProblem unitData.cacheDir i.cacheDir == null;
+        message = "${opt}.cacheDir: ${toString (unitText.cacheDirProblem unitData.cacheDir i.cacheDir)}";
+      }
+      {
+        assertion = cacheOf i != null;
+        message = "${opt}.cacheDir: ${unitText.cacheDirNeedsUser i.cacheDir}";
+      }
+    ];
+
+  # systemd chowns a CacheDirectory/StateDirectory to the dynamic user of each start: two
+  # DynamicUser instances on one directory would take it from each other.
+  sharedDynamicCaches =
+    let
+      dynamic = lib.filterAttrs (_: i: i.user == null && i.cacheDir != null) instances;
+      byDir = lib.groupBy (name: dynamic.${name}.cacheDir) (lib.attrNames dynamic);
+    in
+    lib.filterAttrs (_: names: lib.length names > 1) byDir;
+
+  # Allowed but probably unwanted: the texts of `dflashctl validate`'s warnings (warnings.json).
+  warningsOf =
+    name: i:
+    lib.optional (i.grammarBackend == "none") (unitText.fill warningTexts.grammarNone { inherit name; })
+    ++ lib.optional (lib.elem i.host warningTexts.wildcardHosts && i.apiKeyFile == null) (
+      unitText.fill warningTexts.openWithoutKey {
+        inherit name;
+        inherit (i) host;
+      }
+    )
+    ++ revisionWarnings name "modelRevision" i.model i.modelRevision
+    ++ revisionWarnings name "draftModelRevision" i.draftModel i.draftModelRevision;
+
+  # A hub model not pinned to a commit (validate.revision_warnings says the same).
+  revisionWarnings =
+    name: key: model: rev:
+    let
+      local = model == null || lib.any (p: lib.hasPrefix p model) warningTexts.localModelPrefixes;
+    in
+    if local then
+      [ ]
+    else if rev == null then
+      [
+        (unitText.fill warningTexts.revisionMissing {
+          inherit name model key;
+        })
+      ]
+    else if builtins.match "[0-9a-f]{40}" rev == null then
+      [
+        (unitText.fill warningTexts.revisionMoves {
+          inherit name key rev;
+        })
+      ]
+    else
+      [ ];
 in
 {
   options.services.dflash = {
@@ -445,36 +600,46 @@ in
   };
 
   config = lib.mkIf (instances != { }) {
-    assertions = lib.flatten (
-      lib.mapAttrsToList (name: i: [
-        {
-          assertion = i.apiKeyFile == null || !lib.hasPrefix builtins.storeDir (toString i.apiKeyFile);
-          message = "services.dflash.instances.${name}.apiKeyFile points into the Nix store, which every user can read; keep the key outside the store (e.g. /run/secrets).";
-        }
-        {
-          assertion = i.hfTokenFile == null || !lib.hasPrefix builtins.storeDir (toString i.hfTokenFile);
-          message = "services.dflash.instances.${name}.hfTokenFile points into the Nix store, which every user can read; keep the token outside the store (e.g. /run/secrets).";
-        }
-      ]) instances
-    );
+    assertions =
+      lib.concatLists (lib.mapAttrsToList assertionsOf instances)
+      ++ lib.mapAttrsToList (dir: names: {
+        assertion = false;
+        message = "services.dflash.instances.{${lib.concatStringsSep "," names}}.cacheDir: ${dir} is shared by DynamicUser instances, and systemd gives it to one dynamic user at a time; give each its own cacheDir, or run them as one static user";
+      }) sharedDynamicCaches;
 
-    system.checks = [ validation ];
+    warnings = lib.concatLists (lib.mapAttrsToList warningsOf instances);
+
+    system.checks = [ settingsCheck ] ++ lib.mapAttrsToList packageCheck ddtreeInstances;
 
     systemd.services = lib.mapAttrs' (
       name: i: lib.nameValuePair "dflash-${name}" (unitOf name i)
     ) instances;
 
-    users = lib.mkMerge (
+    # A static user's cacheDir outside /var/cache and /var/lib, created and owned for it.
+    systemd.tmpfiles.rules = lib.concatLists (
+      lib.mapAttrsToList (
+        _: i:
+        lib.optional (i.user != null && i.cacheDir != null && (cacheOf i) ? ReadWritePaths) (
+          unitText.tmpfilesLine unitData.cacheDir i.cacheDir i.user (groupOf i)
+        )
+      ) instances
+    );
+
+    # A static user the host declares is used as it is (normal or system); one it does not is
+    # created as a system user. Below mkDefault, so the host's own definitions win.
+    users.users = lib.mkMerge (
       lib.mapAttrsToList (
         _: i:
         lib.mkIf (i.user != null) {
-          users.${i.user} = {
-            isSystemUser = true;
-            inherit (i) group;
+          ${i.user} = {
+            isSystemUser = mkDefault (!config.users.users.${i.user}.isNormalUser);
+            group = lib.mkOverride 1250 (if i.group != null then i.group else i.user);
           };
-          groups.${i.group} = { };
         }
       ) instances
+    );
+    users.groups = lib.mkMerge (
+      lib.mapAttrsToList (_: i: lib.mkIf (i.user != null) { ${groupOf i} = { }; }) instances
     );
 
     networking.firewall.allowedTCPPorts = lib.concatLists (

@@ -120,6 +120,41 @@ def test_malformed_is_refused_with_its_message(tmp_path, capsys, data, message):
     assert "Traceback" not in text
 
 
+def test_a_repeated_gpu_is_reported_once(tmp_path, capsys):
+    """Issue 9 #11: the message said `(got [0, 0]) (got [0, 0])`."""
+    rc, text = run_validate(tmp_path, {**OK, "gpus": [0, 0]}, capsys=capsys)
+    assert rc == errors.CONFIG
+    assert text.count("(got [0, 0])") == 1
+
+
+INJECTION = "x\nExecStartPre=+/bin/sh -c 'id'"
+# Every string setting, at every depth, and the names of environment variables.
+CONTROL_CASES = [
+    ("model", {**OK, "model": INJECTION}),
+    ("draftModel", {**DFLASH, "draftModel": INJECTION}),
+    ("host", {**OK, "host": INJECTION}),
+    ("attentionBackend", {**OK, "attentionBackend": INJECTION}),
+    ("servedModelName", {**OK, "servedModelName": INJECTION}),
+    ("apiKeyFile", {**OK, "apiKeyFile": "/run/k" + INJECTION}),
+    ("cacheDir", {**OK, "cacheDir": "/var/cache/hf" + INJECTION}),
+    ("loadFormat", {**OK, "loadFormat": "dummy\t"}),
+    ("draftLoadFormat", {**DFLASH, "draftLoadFormat": "\x7f"}),
+    ("samplingBackend", {**OK, "samplingBackend": "a\rb"}),
+    ("extraArgs[1]", {**OK, "extraArgs": ["--max-running-requests", "6\n4"]}),
+    ("environment.NCCL_DEBUG", {**OK, "environment": {"NCCL_DEBUG": "WARN\nX=1"}}),
+    ("speculative.draftAttentionBackend",
+     {**DFLASH, "speculative": {"algorithm": "DFLASH", "draftAttentionBackend": "fa3\x00"}}),
+]
+
+
+@pytest.mark.parametrize("key,data", CONTROL_CASES, ids=[k for k, _ in CONTROL_CASES])
+def test_control_characters_are_refused_in_every_setting(tmp_path, capsys, key, data):
+    """Issue 9 #1: validate accepted a newline that injected a root ExecStartPre into the unit."""
+    rc, text = run_validate(tmp_path, data, capsys=capsys)
+    assert rc == errors.CONFIG
+    assert f"{key}: contains the control character U+" in text
+
+
 def test_there_are_at_least_30_cases():
     assert len(MALFORMED) >= 30
     assert len({i for i, _, _ in MALFORMED}) == len(MALFORMED)

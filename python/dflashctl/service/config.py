@@ -15,6 +15,7 @@ from typing import Any
 
 from dflashctl.errors import CONFIG, DflashError
 from dflashctl.host import hub_cache
+from dflashctl.service import unit_text
 from dflashctl.service.sglang_args import MAPPED_FLAGS  # the mapping owns the flag names
 
 ALGORITHMS = ("DFLASH", "DDTREE", "EAGLE3")
@@ -248,11 +249,27 @@ def _convert(d: dict, keys: dict, prefix: str, problems: list[str]) -> dict:
     return out
 
 
+def _control_characters(value: Any, where: str) -> list[str]:
+    """Every string (keys too) reaches the unit or the process environment: no control characters."""
+    if isinstance(value, str):
+        bad = unit_text.control_problem(value)
+        return [f"{where}: {bad} (got {json.dumps(value)})"] if bad else []
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _control_characters(v, f"{where}[{i}]")]
+    if isinstance(value, dict):
+        out = []
+        for k, v in value.items():
+            key = f"{where}.{k}" if where else str(k)
+            out += _control_characters(k, f"{key} (the name)") + _control_characters(v, key)
+        return out
+    return []
+
+
 def problems_of(d: Any, name: str | None = None) -> tuple[list[str], dict]:
     """Check one instance's JSON. Returns (problems, converted keyword arguments)."""
     if not isinstance(d, dict):
         return ["the settings must be a JSON object"], {}
-    problems = _unknown(d, ALL_KEYS, "")
+    problems = _unknown(d, ALL_KEYS, "") + _control_characters(d, "")
     kwargs: dict[str, Any] = {}
     inst_name = d.get("name", name)
     if name is not None and "name" in d and d["name"] != name:

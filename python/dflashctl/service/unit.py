@@ -6,20 +6,16 @@ units cannot drift. One unit per instance (dflash-<name>.service), as instances 
 
 import json
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from dflashctl.errors import OK, DflashError
-from dflashctl.service import config
+from dflashctl.errors import CONFIG, OK, DflashError
+from dflashctl.service import config, unit_text
+from dflashctl.service.unit_text import unit_data
 
-UNIT_DATA = Path(__file__).with_name("data") / "service-unit.json"
-
-
-def unit_data() -> dict:
-    return json.loads(UNIT_DATA.read_text())
+UNIT_DATA = unit_text.DATA / "service-unit.json"
 
 
 def unit_name(cfg: config.InstanceConfig) -> str:
@@ -52,25 +48,47 @@ def _section(name: str, directives: dict, why: dict) -> list[str]:
     return lines
 
 
-def _exec_arg(arg: str) -> str:
-    # systemd expands % specifiers and $VARS in ExecStart: escape both, then quote like a shell.
-    return shlex.quote(arg.replace("%", "%%").replace("$", "$$"))
+def _refuse(what: str, why: str, fix: str) -> DflashError:
+    return DflashError(what, why, fix, CONFIG)
 
 
 def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python: str | None = None,
            systemd: int | None = None) -> str:
-    """The unit text. `systemd`: the host's version; directives it lacks are left out."""
+    """The unit text (DynamicUser). `systemd`: the host's version; directives it lacks are left out.
+
+    Every value is escaped by unit_text's rules; what cannot be escaped raises DflashError(CONFIG).
+    """
     data = unit_data()
+    for flag, path in (("--dflashctl", dflashctl), ("--python", python)):
+        bad = path is not None and unit_text.exec_path_problem(path)
+        if bad:
+            raise _refuse(f"{flag} {path!r} cannot go into ExecStart", bad,
+                          f"pass {flag} as a plain absolute path, e.g. /opt/dflash/bin/dflashctl")
+    bad = unit_text.control_problem(config_path)
+    if bad:
+        raise _refuse(f"--config-path {config_path!r} cannot go into ExecStart", bad,
+                      "pass a path without control characters")
     service = dict(data["service"])
     argv = [dflashctl, "serve", "--config", config_path] + (["--python", python] if python else [])
-    service["ExecStart"] = " ".join(_exec_arg(a) for a in argv)
+    service["ExecStart"] = unit_text.command_line(argv)
     service["TimeoutStartSec"] = f"{cfg.start_timeout_sec + data['timeoutStartMarginSec']}s"
-    credentials = [f"{data[key]}:{path}" for key, path in
+    credentials = [f"{data[key]}:{unit_text.specifiers(path)}" for key, path in
                    (("apiKeyCredential", cfg.api_key_file), ("hfTokenCredential", cfg.hf_token_file)) if path]
     if credentials:
         service["LoadCredential"] = credentials
-    if cfg.cache_dir:
-        service["ReadWritePaths"] = cfg.cache_dir
+    try:
+        # The sandbox decides where a cache can live (serve outside systemd may use any path).
+        bad = cfg.cache_dir is not None and unit_text.cache_dir_problem(cfg.cache_dir, data["cacheDir"])
+        if bad:
+            raise ValueError(bad)
+        cache = unit_text.cache_dir_directives(cfg.cache_dir, data["cacheDir"], static_user=False)
+    except ValueError as e:
+        raise _refuse(f"cacheDir of instance {cfg.name!r} cannot be used by this unit", str(e),
+                      "set cacheDir under /var/cache (or leave it null: /var/cache/dflash-<name>)")
+    for key, value in cache.items():
+        if key in service and not key.endswith("Mode"):
+            value = [service[key], value]
+        service[key] = value
     dropped = [k for k, v in data["minSystemd"].items() if systemd is not None and systemd < v]
     for key in dropped:
         service.pop(key, None)
@@ -78,7 +96,8 @@ def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python:
             "# Settings: " + config_path]
     if dropped:
         head.append(f"# Left out for systemd {systemd}: " + ", ".join(dropped))
-    unit = {"Description": f"DFlash SGLang instance {cfg.name} ({cfg.model})", **data["unit"]}
+    description = unit_text.fill(data["description"], name=cfg.name, model=cfg.model)
+    unit = {"Description": unit_text.specifiers(description), **data["unit"]}
     lines = head + _section("Unit", unit, data["why"]) + [""] \
         + _section("Service", service, data["why"]) + [""] \
         + _section("Install", data["install"], data["why"])
@@ -118,9 +137,6 @@ def run(args) -> int:
         data = {**data, "name": args.name}
     cfg = config.from_dict(data, origin=args.config)
     dflashctl = args.dflashctl or _default_dflashctl()
-    if not dflashctl.startswith("/"):
-        raise DflashError(f"--dflashctl {dflashctl} is not absolute", "systemd needs a full path",
-                          "pass the absolute path, e.g. /opt/dflash/bin/dflashctl")
     config_path = args.config_path or f"/etc/dflash/{cfg.name}.json"
     text = render(cfg, config_path, dflashctl, args.python,
                   args.systemd if args.systemd is not None else systemd_version())

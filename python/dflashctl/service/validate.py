@@ -12,25 +12,25 @@ from itertools import combinations
 
 from dflashctl.errors import CONFIG, OK, DflashError
 from dflashctl.host import hub_cache
-from dflashctl.service import config, sglang_features
+from dflashctl.service import config, sglang_features, unit_text
 from dflashctl.service.config import InstanceConfig
 
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+WILDCARD_HOSTS = tuple(unit_text.warning_texts()["wildcardHosts"])
 
 
 def warnings_for(cfg: InstanceConfig) -> list[str]:
+    """Allowed but probably unwanted; the texts (and the module's NixOS warnings) are in warnings.json."""
+    texts = unit_text.warning_texts()
     out = []
     if cfg.grammar_backend == "none":
-        out.append(f"instance {cfg.name!r}: grammarBackend is \"none\": requests with a JSON schema, "
-                   "regex, EBNF or tool calls with strict arguments will be refused; use \"xgrammar\" "
-                   "once the environment's xgrammar works (`dflashctl doctor`)")
+        out.append(unit_text.fill(texts["grammarNone"], name=cfg.name))
     if cfg.host in WILDCARD_HOSTS and cfg.api_key_file is None:
-        out.append(f"instance {cfg.name!r}: listens on every interface ({cfg.host}) without apiKeyFile")
-    out += revision_warnings(cfg)
+        out.append(unit_text.fill(texts["openWithoutKey"], name=cfg.name, host=cfg.host))
+    out += revision_warnings(cfg, texts)
     return out
 
 
-def revision_warnings(cfg: InstanceConfig) -> list[str]:
+def revision_warnings(cfg: InstanceConfig, texts: dict) -> list[str]:
     """Hub models that are not pinned to a commit: each host may load different weights."""
     out = []
     for key, model, rev in (("modelRevision", cfg.model, cfg.model_revision),
@@ -38,11 +38,9 @@ def revision_warnings(cfg: InstanceConfig) -> list[str]:
         if model is None or hub_cache.is_local(model):
             continue
         if rev is None:
-            out.append(f"instance {cfg.name!r}: {model} has no {key}: each host loads whatever the "
-                       f"hub's main branch is on its first start; set {key} to a commit hash")
+            out.append(unit_text.fill(texts["revisionMissing"], name=cfg.name, model=model, key=key))
         elif not hub_cache.COMMIT_RE.fullmatch(rev):
-            out.append(f"instance {cfg.name!r}: {key} {rev!r} is a branch or tag, which moves; "
-                       f"set {key} to the commit hash it points to today")
+            out.append(unit_text.fill(texts["revisionMoves"], name=cfg.name, key=key, rev=rev))
     return out
 
 
