@@ -51,6 +51,7 @@ let
       "environment"
       "extraArgs"
       "cacheDir"
+      "driverLibraryDir"
       "startTimeoutSec"
       "loadFormat"
       "draftLoadFormat"
@@ -299,6 +300,17 @@ let
           description = ''
             Model download cache (`HF_HOME`). `null` uses systemd's `CacheDirectory`,
             `/var/cache/dflash-${name}`. Another directory is made writable with `ReadWritePaths`.
+          '';
+        };
+        driverLibraryDir = mkOption {
+          type = types.nullOr types.str;
+          default = null;
+          example = "/usr/lib/x86_64-linux-gnu";
+          description = ''
+            Directory holding the host's NVIDIA driver libraries (`libcuda.so.1`). `null` lets
+            `dflashctl serve` find it: `/run/opengl-driver/lib` on NixOS, else the host's
+            `/etc/ld.so.cache` and the usual directories. Only the driver's libraries are put on
+            SGLang's `LD_LIBRARY_PATH`, through a directory of links in the cache.
           '';
         };
         startTimeoutSec = mkOption {

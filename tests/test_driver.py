@@ -4,6 +4,7 @@ of host, and exactly which links the child's LD_LIBRARY_PATH directory holds."""
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,54 @@ def test_ld_cache_refuses_other_files():
         ld_cache.parse(b"\x7fELF not a cache")
     with pytest.raises(ValueError):
         ld_cache.parse(ld_cache.NEW_HEADER.pack(ld_cache.NEW_MAGIC, 1000, 0, 2, 0))
+
+
+# ------------------------------------------------------------- a real dlopen through the links
+
+FAKE_NVML = r"""
+#include <string.h>
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+const char *nvmlErrorString(int rc) { return "fake"; }
+int nvmlSystemGetDriverVersion(char *buf, unsigned n) { strncpy(buf, "580.159.04", n); return 0; }
+int nvmlSystemGetCudaDriverVersion_v2(int *v) { *v = 13000; return 0; }
+int nvmlDeviceGetCount_v2(unsigned *n) { *n = 0; return 0; }
+"""
+
+
+def test_the_nvml_probe_loads_the_driver_only_through_discovery(root, tmp_path):
+    """A driver in a directory no loader searches (the NixOS case): the probe child fails as on a
+    host without a driver, and loads it by soname once provide() set up its environment."""
+    cc = shutil.which("cc") or pytest.skip("no C compiler")
+    directory = root / "run/opengl-driver/lib"
+    directory.mkdir(parents=True)
+    (tmp_path / "nvml.c").write_text(FAKE_NVML)
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o",
+                    str(directory / f"libnvidia-ml.so.{V580}"), str(tmp_path / "nvml.c")], check=True)
+    link(directory / "libnvidia-ml.so.1", f"libnvidia-ml.so.{V580}")
+    kernel_module(root, V580)
+    from dflashctl.host import probes
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path / "home")}
+    without = probes.run_probe(sys.executable, "driver", env=env)
+    check = probes.check_driver(without)
+    assert (check.status, check.summary) == ("fail", "no NVIDIA driver on this host (libnvidia-ml.so.1 not found)")
+    assert check.fix
+    child_env, found = driver.provide(env, root=root)
+    assert found.found_by == "NixOS"
+    r = probes.run_probe(sys.executable, "driver", env=child_env)
+    assert r["ok"], r
+    assert r["facts"]["version"] == V580 and r["facts"]["cuda"] == "13.0"
+
+
+def test_doctor_lines(root, tmp_path):
+    none = driver.check(driver.discover(root, env={}, machine="x86_64"))
+    assert none.status == "warn" and "/run/opengl-driver/lib" in none.summary and "driverLibraryDir" in none.fix
+    install_driver(root, MULTIARCH, V570)
+    kernel_module(root, V580)
+    _, found = driver.locate({"HOME": str(tmp_path)}, root=root)
+    bad = driver.check(found)
+    assert (bad.status, bad.exit_code) == ("fail", errors.PREFLIGHT_DRIVER) and "reboot" in bad.fix
+    install_driver(root, CONTAINER, V580)
+    good = driver.check(driver.locate({"HOME": str(tmp_path)}, root=root)[1])
+    assert (good.status, good.summary) == \
+        ("ok", f"driver {V580} in {CONTAINER} (found by scan), {len(expected(CONTAINER, V580))} libraries")

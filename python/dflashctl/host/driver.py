@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dflashctl import errors
 from dflashctl.host import ld_cache
+from dflashctl.host.probes import MIN_DRIVER, Check, fail, ok, warn
 
 ENV = "DFLASH_DRIVER_LIBRARY_DIR"
 NIXOS_DIR = "/run/opengl-driver/lib"
@@ -264,8 +265,36 @@ def provide(env: dict, setting: str | None = None, root: str | Path = "/") -> tu
     drv = discover(root, setting, env)
     if drv is None:
         return dict(env), None
-    links = link_dir(drv, cache_root(env))
+    try:
+        links = link_dir(drv, cache_root(env))
+    except OSError as e:
+        raise errors.DflashError(f"cannot link the NVIDIA driver's libraries under {cache_root(env)}",
+                                 e.strerror or str(e), "make XDG_CACHE_HOME (or HOME/.cache) writable",
+                                 errors.PREFLIGHT_DRIVER) from None
     env = dict(env)
     env["LD_LIBRARY_PATH"] = os.pathsep.join([str(links)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(
         os.pathsep) if p and p != str(links)])
     return env, drv
+
+
+def locate(env: dict, setting: str | None = None,
+           root: str | Path = "/") -> tuple[dict, Driver | errors.DflashError | None]:
+    """provide() for reporting: a discovery failure is returned, not raised (doctor shows it)."""
+    try:
+        return provide(env, setting, root)
+    except errors.DflashError as e:
+        return dict(env), e
+
+
+def check(found: Driver | errors.DflashError | None) -> Check:
+    """doctor's and preflight's line for discovery (the NVML `driver` check after it shows whether
+    the libraries work)."""
+    if isinstance(found, errors.DflashError):
+        return fail("driver-libs", f"{found.what}: {found.why}" if found.why else found.what, found.fix,
+                    found.exit_code)
+    if found is None:
+        return warn("driver-libs", f"no NVIDIA driver libraries found in {searched()}",
+                    f"install the NVIDIA driver >= {MIN_DRIVER} (it provides libcuda.so.1 and libnvidia-ml.so.1); "
+                    f"if it lives elsewhere, set driverLibraryDir (or ${ENV}) to its directory")
+    return ok("driver-libs", found.describe(), directory=found.directory, found_by=found.found_by,
+              version=found.version, kernel_version=found.kernel_version, links=sorted(found.links))

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_SGLANG, SERVER_DIED_AFTER_READY, DflashError)
-from dflashctl.host import cuda_home
+from dflashctl.host import cuda_home, driver
 from dflashctl.service import config, sdnotify, sglang_args
 from dflashctl.service.server import Server, _describe, _indent
 from dflashctl.service.validate import warnings_for
@@ -67,7 +67,7 @@ def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]
     for w in jit_toolchain_warnings(child_env):
         say(f"preflight warning: {w}")
     say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver")
-    checks = probes.preflight(cfg.grammar_backend, cfg.speculative.algorithm, python=python)
+    checks = probes.preflight(cfg.grammar_backend, cfg.speculative.algorithm, python=python, env=child_env)
     for c in checks:
         if c.status == "warn":
             say(f"preflight warning: {c.name}: {c.summary}")
@@ -151,6 +151,9 @@ def run(args) -> int:
         return OK
     api_key = read_api_key(cfg, env)
     child_env = cuda_home.provide(sglang_args.build_env(cfg, env), args.python)
+    child_env, found = driver.provide(child_env, cfg.driver_library_dir)  # exits PREFLIGHT_DRIVER on a mismatch
+    say(f"driver: {found.describe()}" if found else
+        "driver: no NVIDIA driver libraries found by discovery; the loader's own search decides")
     if not args.skip_preflight:
         preflight(cfg, args.python, child_env)
     server = Server(launch_argv(cfg, args.python, api_key, args.launcher),
