@@ -7,7 +7,11 @@ empty files.
 """
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from dflashctl.host import ld_cache
 
@@ -95,3 +99,27 @@ def expected(directory: str, version: str, sonames: bool = True, dev: bool = Tru
             out[f"{stem}.so"] = real
     return out
 
+
+
+# An NVML with just what dflashctl's driver probe and pynvml's nvmlInit call: a real shared object,
+# so tests load it the way the loader loads the driver's.
+FAKE_NVML = r"""
+#include <string.h>
+int nvmlInit_v2(void) { return 0; }
+int nvmlInitWithFlags(unsigned flags) { return 0; }
+int nvmlShutdown(void) { return 0; }
+const char *nvmlErrorString(int rc) { return "fake"; }
+int nvmlSystemGetDriverVersion(char *buf, unsigned n) { strncpy(buf, "580.159.04", n); return 0; }
+int nvmlSystemGetCudaDriverVersion_v2(int *v) { *v = 13000; return 0; }
+int nvmlDeviceGetCount_v2(unsigned *n) { *n = 0; return 0; }
+"""
+
+
+def fake_nvml(path: Path, work: Path) -> Path:
+    """Compile FAKE_NVML to `path` (soname libnvidia-ml.so.1); skips without a C compiler."""
+    cc = shutil.which("cc") or pytest.skip("no C compiler")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (work / "nvml.c").write_text(FAKE_NVML)
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(path),
+                    str(work / "nvml.c")], check=True)
+    return path

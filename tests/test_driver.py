@@ -11,8 +11,8 @@ import pytest
 
 from dflashctl import errors
 from dflashctl.host import driver, ld_cache
-from fakehost import (I386, SYSTEM, V570, V580, X86_64, expected, install_driver, install_system_libs,
-                      kernel_module, ld_so_cache, link, links_of, touch)
+from fakehost import (I386, SYSTEM, V570, V580, X86_64, expected, fake_nvml, install_driver,
+                      install_system_libs, kernel_module, ld_so_cache, link, links_of, touch)
 
 MULTIARCH = "/usr/lib/x86_64-linux-gnu"
 CONTAINER = "/usr/local/nvidia/lib64"
@@ -226,26 +226,13 @@ def test_ld_cache_refuses_other_files():
 
 # ------------------------------------------------------------- a real dlopen through the links
 
-FAKE_NVML = r"""
-#include <string.h>
-int nvmlInit_v2(void) { return 0; }
-int nvmlShutdown(void) { return 0; }
-const char *nvmlErrorString(int rc) { return "fake"; }
-int nvmlSystemGetDriverVersion(char *buf, unsigned n) { strncpy(buf, "580.159.04", n); return 0; }
-int nvmlSystemGetCudaDriverVersion_v2(int *v) { *v = 13000; return 0; }
-int nvmlDeviceGetCount_v2(unsigned *n) { *n = 0; return 0; }
-"""
 
 
 def test_the_nvml_probe_loads_the_driver_only_through_discovery(root, tmp_path):
     """A driver in a directory no loader searches (the NixOS case): the probe child fails as on a
     host without a driver, and loads it by soname once provide() set up its environment."""
-    cc = shutil.which("cc") or pytest.skip("no C compiler")
     directory = root / "run/opengl-driver/lib"
-    directory.mkdir(parents=True)
-    (tmp_path / "nvml.c").write_text(FAKE_NVML)
-    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o",
-                    str(directory / f"libnvidia-ml.so.{V580}"), str(tmp_path / "nvml.c")], check=True)
+    fake_nvml(directory / f"libnvidia-ml.so.{V580}", tmp_path)
     link(directory / "libnvidia-ml.so.1", f"libnvidia-ml.so.{V580}")
     kernel_module(root, V580)
     from dflashctl.host import probes
