@@ -364,7 +364,7 @@ let
     wantedBy = unitData.install.WantedBy;
     # SGLang's first start compiles JIT kernels: nvcc comes from the stack's own wheels (serve
     # points CUDA_HOME at them), the host compiler it and tvm-ffi call (gcc, c++) from here.
-    path = [ pkgs.stdenv.cc ];
+    path = [ cfg.hostCompilerPackage ];
     unitConfig = unitData.unit;
     serviceConfig =
       unitData.service
@@ -391,6 +391,12 @@ in
       '';
     };
     dflashctlPackage = lib.mkPackageOption pkgs "dflashctl" { };
+    hostCompilerPackage = lib.mkPackageOption pkgs "dflashHostCompiler" { } // {
+      description = ''
+        C/C++ compiler on the units' PATH, which nvcc and tvm-ffi call when SGLang compiles its JIT
+        kernels at the first start (this flake's pinned GCC 14: CUDA 13.0 refuses GCC newer than 15).
+      '';
+    };
     instances = mkOption {
       type = types.attrsOf (types.submodule instanceOptions);
       default = { };

@@ -111,4 +111,6 @@ def test_flake_module_defaults_to_the_flakes_packages(tmp_path):
     assert exec_start.startswith("/nix/store/11111111111111111111111111111111-mine/bin/dflashctl serve")
     assert "--python /nix/store/00000000000000000000000000000000-flake-dflash-env/bin/python" in exec_start
     assert "flake-dflash-env/bin/python" in out["checks"][0]["script"]  # DDTREE/algorithm check
+    # the same pinned compiler as the flake's smoke app and dev shell
+    assert out["services"]["dflash-a"]["path"] == ["/nix/store/00000000000000000000000000000000-flake-gcc-wrapper"]
     assert out["failedAssertions"] == []

@@ -21,6 +21,7 @@ let
     packages.${system} = {
       dflash-env = fakePkg "flake-dflash-env";
       dflashctl = fakePkg "flake-dflashctl";
+      dflash-host-compiler = fakePkg "flake-gcc-wrapper";
     };
   };
   flakeModule =
@@ -30,7 +31,7 @@ let
     }).nixosModules.dflash;
   pkgs = {
     stdenv.hostPlatform.system = system;
-    stdenv.cc = fakePkg "gcc-wrapper";
+    dflashHostCompiler = fakePkg "gcc-wrapper";
     dflash-env = fakePkg "dflash-env";
     dflashctl = fakePkg "dflashctl";
     writeText = builtins.toFile; # a real file in the store, so the test can validate it
