@@ -50,6 +50,7 @@
           imports = [ ./nix/module.nix ];
           services.dflash.package = lib.mkDefault flakePackages.dflash-env;
           services.dflash.dflashctlPackage = lib.mkDefault flakePackages.dflashctl;
+          services.dflash.hostCompilerPackage = lib.mkDefault flakePackages.dflash-host-compiler;
         };
       nixosModules.default = self.nixosModules.dflash;
 
@@ -61,6 +62,8 @@
         {
           dflash-env = pkgs.dflash-env;
           dflashctl = pkgs.dflashctl;
+          # The C/C++ compiler SGLang's JIT kernels are built with (pinned: nvcc 13.0 takes GCC <= 15).
+          dflash-host-compiler = pkgs.dflashHostCompiler;
           default = pkgs.dflash-env;
         }
       );
@@ -69,7 +72,9 @@
         system:
         let
           pkgs = pkgsFor system;
+          # SGLang's first start compiles kernels with nvcc, which calls gcc/c++: the pinned one.
           smoke = pkgs.writeShellScript "dflash-smoke" ''
+            export PATH=${pkgs.dflashHostCompiler}/bin''${PATH:+:$PATH}
             exec ${pkgs.dflash-env}/bin/dflashctl smoke "$@"
           '';
         in

@@ -7,6 +7,7 @@
   dflashPython,
   dflashPythonPackages,
   dflashStack,
+  dflashHostCompiler,
   uv,
   nixfmt,
   git,
@@ -27,6 +28,7 @@ mkShell {
   packages = [
     devPython
     dflashctl
+    dflashHostCompiler # gcc/c++ for SGLang's JIT kernels, the one nvcc 13.0 accepts
     uv
     nixfmt
     git

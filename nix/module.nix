@@ -74,6 +74,7 @@ let
       "environment"
       "extraArgs"
       "cacheDir"
+      "driverLibraryDir"
       "startTimeoutSec"
       "loadFormat"
       "draftLoadFormat"
@@ -369,6 +370,17 @@ let
             (PrivateTmp), which the sandbox hides.
           '';
         };
+        driverLibraryDir = mkOption {
+          type = types.nullOr types.str;
+          default = null;
+          example = "/usr/lib/x86_64-linux-gnu";
+          description = ''
+            Directory holding the host's NVIDIA driver libraries (`libcuda.so.1`). `null` lets
+            `dflashctl serve` find it: `/run/opengl-driver/lib` on NixOS, else the host's
+            `/etc/ld.so.cache` and the usual directories. Only the driver's libraries are put on
+            SGLang's `LD_LIBRARY_PATH`, through a directory of links in the cache.
+          '';
+        };
         startTimeoutSec = mkOption {
           type = types.ints.positive;
           default = 900;
@@ -479,7 +491,7 @@ let
     wantedBy = unitData.install.WantedBy;
     # SGLang's first start compiles JIT kernels: nvcc comes from the stack's own wheels (serve
     # points CUDA_HOME at them), the host compiler it and tvm-ffi call (gcc, c++) from here.
-    path = [ pkgs.stdenv.cc ];
+    path = [ cfg.hostCompilerPackage ];
     unitConfig = lib.mapAttrs (_: mkDefault) (
       removeAttrs unitData.unit [
         "After"
@@ -578,6 +590,12 @@ in
       '';
     };
     dflashctlPackage = lib.mkPackageOption pkgs "dflashctl" { };
+    hostCompilerPackage = lib.mkPackageOption pkgs "dflashHostCompiler" { } // {
+      description = ''
+        C/C++ compiler on the units' PATH, which nvcc and tvm-ffi call when SGLang compiles its JIT
+        kernels at the first start (this flake's pinned GCC 14: CUDA 13.0 refuses GCC newer than 15).
+      '';
+    };
     instances = mkOption {
       type = types.attrsOf (types.submodule instanceOptions);
       default = { };

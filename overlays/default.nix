@@ -65,6 +65,10 @@ let
 in
 {
   dflashPython = python;
+  # The host compiler SGLang's JIT (nvcc, tvm-ffi's c++) and triton's launchers run: CUDA 13.0's
+  # crt/host_config.h refuses GCC newer than 15, so it is pinned here, not nixpkgs' default gcc.
+  # The smoke app, the dev shell and the NixOS module all put this one on PATH.
+  dflashHostCompiler = final.gcc14;
   dflashPythonPackages = packages;
   dflashStack = stack;
   dflashctl = final.callPackage ../nix/packages/dflashctl.nix {

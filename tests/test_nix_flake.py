@@ -14,7 +14,7 @@ from nixeval import eval_json, nix_env
 pytestmark = pytest.mark.nix
 
 PER_SYSTEM = {
-    "packages": {"dflash-env", "dflashctl", "default"},
+    "packages": {"dflash-env", "dflashctl", "dflash-host-compiler", "default"},
     "apps": {"dflash-smoke"},
     "devShells": {"default"},
     "checks": {"pytest", "lock-matches-spec", "nixos-example", "formatting"},
@@ -50,7 +50,7 @@ def test_outputs_present_without_nixpkgs():
             assert names <= set(out[attr][system]), (attr, system)
     assert set(out["formatter"]) == SYSTEMS
     assert "default" in out["overlays"]
-    module = {"imports": ["module.nix"], "defaults": ["dflashctlPackage", "package"]}
+    module = {"imports": ["module.nix"], "defaults": ["dflashctlPackage", "hostCompilerPackage", "package"]}
     assert out["nixosModules"] == {"dflash": module, "default": module}
 
 
@@ -72,3 +72,31 @@ def test_lock_pins_nixpkgs():
     out = eval_json(nix_or_skip(), REPO / "tests/nix/flake-outputs.nix")
     o = node["original"]
     assert out["inputs"]["nixpkgs"] == f"github:{o['owner']}/{o['repo']}/{o['ref']}"
+
+
+def test_smoke_app_puts_the_pinned_compiler_first_on_path(tmp_path):
+    """`nix run .#dflash-smoke` with a stub nixpkgs (tests/data/flake/stub-nixpkgs): the real overlay
+    decides the compiler (gcc14: nvcc 13.0 refuses GCC > 15); running the app shows what PATH
+    dflashctl smoke, and so SGLang's nvcc and c++, get."""
+    compiler, env = tmp_path / "gcc14", tmp_path / "dflash-env"
+    for tool in ("gcc", "c++"):
+        script = compiler / "bin" / tool
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text("#!/bin/sh\nexit 0\n")
+        script.chmod(0o755)
+    dflashctl = env / "bin" / "dflashctl"
+    dflashctl.parent.mkdir(parents=True)
+    dflashctl.write_text('#!/bin/sh\necho "PATH=$PATH"\necho "c++=$(command -v c++)"\necho "args=$*"\n')
+    dflashctl.chmod(0o755)
+    done = subprocess.run([nix_or_skip(), "eval", "--impure", "--raw", "--expr",
+                           f"import {REPO}/tests/data/flake/smoke-app.nix {{ }}"], capture_output=True, text=True,
+                          env={**nix_env(), "DFLASH_STUB_COMPILER": str(compiler), "DFLASH_STUB_ENV": str(env)},
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    ran = subprocess.run(["bash", done.stdout, "--runs", "DFLASH"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert ran.returncode == 0, ran.stderr
+    out = dict(line.split("=", 1) for line in ran.stdout.splitlines())
+    assert out["PATH"] == f"{compiler}/bin:/usr/bin:/bin"
+    assert out["c++"] == f"{compiler}/bin/c++"
+    assert out["args"] == "smoke --runs DFLASH"

@@ -380,6 +380,14 @@ def test_flake_module_defaults_to_the_flakes_packages():
     out = mh.evaluate({"a": DFLASH}, flake=True)
     argv = exec_start(out["units"]["dflash-a.service"])
     assert argv[0].endswith("/dflashctl/bin/dflashctl") and argv[5].endswith("/env-release/bin/python")
+    # SGLang's JIT compiles with the flake's pinned host compiler, the one its smoke app uses
+    assert "-flake-gcc-wrapper-14/bin" in out["units"]["dflash-a.service"]
+
+
+def test_units_put_the_pinned_host_compiler_on_path():
+    unit_text = mh.evaluate({"a": QWEN})["units"]["dflash-a.service"]
+    path = next(line for line in unit_text.splitlines() if line.startswith('Environment="PATH='))
+    assert path.startswith('Environment="PATH=/nix/store/00000000000000000000000000000000-gcc-wrapper-14/bin:')
 
 
 def test_module_only_options_are_documented_in_service_md(repo):

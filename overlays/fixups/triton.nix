@@ -15,7 +15,7 @@ prev: {
       'if env_libcuda_path := knobs.nvidia.libcuda_path or next((d for d in ["${driverLink}/lib"] if os.path.exists(d + "/libcuda.so.1")), None):'
     substituteInPlace $triton/runtime/build.py --replace-fail \
       'cc = os.environ.get("CC")' \
-      'cc = os.environ.get("CC", "${pkgs.stdenv.cc}/bin/cc")'
+      'cc = os.environ.get("CC", "${pkgs.dflashHostCompiler}/bin/cc")'
     # ptxas, cuobjdump and nvdisasm ship without the executable bit in some wheel installs.
     chmod +x $triton/backends/nvidia/bin/*
   '';

@@ -24,6 +24,7 @@ let
   pkgs = {
     stdenv.hostPlatform.system = system;
     stdenv.cc = fake "gcc-wrapper";
+    dflashHostCompiler = fake "gcc-wrapper-14"; # the overlay's pinned host compiler
     coreutils = fake "coreutils";
     findutils = fake "findutils";
     gnugrep = fake "gnugrep";
@@ -42,6 +43,7 @@ let
       self.packages.${system} = {
         dflash-env = pkg "flake-dflash-env" "${harness}/env-release";
         dflashctl = pkg "dflashctl" "${harness}/dflashctl";
+        dflash-host-compiler = fake "flake-gcc-wrapper-14";
       };
       nixpkgs = throw "nixpkgs is not needed to evaluate the module";
     }).nixosModules.dflash;

@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from dflashctl import __version__
 from dflashctl.errors import DflashError
-from dflashctl.host import probes
+from dflashctl.host import driver, probes
 from dflashctl.lock import lockfile
 from dflashctl.systems import current_system
 
@@ -118,10 +118,12 @@ def lock_checks(lock: dict, python_version: str, python: str = "python3") -> lis
     return checks
 
 
-def doctor_checks(results: dict, lock: dict, python_version: str, python: str = "python3") -> list[probes.Check]:
-    """Every check doctor reports, in root-cause order (the same functions serve's preflight uses)."""
+def doctor_checks(results: dict, lock: dict, python_version: str, python: str = "python3",
+                  libraries: probes.Check | None = None) -> list[probes.Check]:
+    """Every check doctor reports, in root-cause order (the same functions serve's preflight uses);
+    `libraries`: driver discovery's check (driver.check)."""
     stack = locked_stack(lock, python)
-    checks = lock_checks(lock, python_version, python)
+    checks = lock_checks(lock, python_version, python) + ([libraries] if libraries else [])
     checks += [probes.check_driver(results["driver"]),
                probes.check_native("libcuda.so.1", results["libcuda"]),
                probes.check_native("libnuma.so.1", results["libnuma"]),
@@ -138,8 +140,10 @@ def doctor_checks(results: dict, lock: dict, python_version: str, python: str = 
 
 def build(python: str = sys.executable, lock_path: Path | str = lockfile.DEFAULT_LOCK,
           timeout: float = 30.0) -> dict:
-    """Probe `python` and this host; the fingerprint as a JSON-ready dict."""
-    results = probes.run_probes(python, DOCTOR_PROBES, timeout)
+    """Probe `python` and this host; the fingerprint as a JSON-ready dict. The probes see the
+    driver the way serve's SGLang child will: through driver discovery's link directory."""
+    env, found = driver.locate(dict(os.environ))
+    results = probes.run_probes(python, DOCTOR_PROBES, timeout, env)
     py = results.pop("python")
     if not py["ok"]:
         raise DflashError(f"cannot inspect {python}", probes.failure_text(py),
@@ -147,7 +151,8 @@ def build(python: str = sys.executable, lock_path: Path | str = lockfile.DEFAULT
     dists = results.pop("distributions")
     packages = dists["facts"].get("packages", {})
     lock = compare_with_lock(packages, Path(lock_path), py["facts"]["version"])
-    checks = doctor_checks(results, lock, py["facts"]["version"], py["facts"].get("executable", python))
+    checks = doctor_checks(results, lock, py["facts"]["version"], py["facts"].get("executable", python),
+                           driver.check(found))
     return {
         "fingerprint_version": FINGERPRINT_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -82,14 +82,16 @@ def first_failure(checks) -> Check | None:
 
 # ---------------------------------------------------------------------------------------- runner
 
-def run_probe(python: str, probe: str, arg: str = "", timeout: float = 20.0) -> dict:
-    """Run one probe in a child of `python`; always returns a result, whatever the child did."""
+def run_probe(python: str, probe: str, arg: str = "", timeout: float = 20.0, env: dict | None = None) -> dict:
+    """Run one probe in a child of `python` (with `env`, default ours: driver discovery puts the
+    driver's link directory on its LD_LIBRARY_PATH); always returns a result, whatever the child did."""
     started = time.monotonic()
     result = {"probe": probe, "arg": arg, "ok": False, "facts": {}}
     try:
         # Own session: a timeout kills the probe and anything it started, nothing of ours.
         child = subprocess.Popen([python, "-c", CHILD_SOURCE, probe, arg], stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                 env=env)
     except OSError as e:
         result["error"] = f"cannot run {python}: {e.strerror or e}"
         return result
@@ -124,11 +126,12 @@ def describe_exit(code: int) -> str:
     return f"exited with status {code} before reporting"
 
 
-def run_probes(python: str, wanted: dict[str, tuple[str, str]], timeout: float = 20.0) -> dict[str, dict]:
+def run_probes(python: str, wanted: dict[str, tuple[str, str]], timeout: float = 20.0,
+               env: dict | None = None) -> dict[str, dict]:
     """Run probes in parallel: {key: (probe, arg)} -> {key: result}."""
     workers = max(2, min(len(wanted), (os.cpu_count() or 2)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {key: pool.submit(run_probe, python, probe, arg, timeout)
+        futures = {key: pool.submit(run_probe, python, probe, arg, timeout, env)
                    for key, (probe, arg) in wanted.items()}
         return {key: f.result() for key, f in futures.items()}
 
@@ -364,10 +367,10 @@ def preflight_checks(results: dict, grammar_backend: str, algorithm: str | None,
 
 
 def preflight(grammar_backend: str, speculative_algorithm: str | None, python: str = sys.executable,
-              timeout: float = 60.0, stack: Stack = NO_LOCK) -> list[Check]:
+              timeout: float = 60.0, stack: Stack = NO_LOCK, env: dict | None = None) -> list[Check]:
     """What `serve` checks before it starts SGLang: each failure is one that would kill it later."""
     if grammar_backend not in (*GRAMMAR_BACKENDS, "none"):
         raise errors.DflashError(f"unknown grammar backend {grammar_backend!r}", "",
                                  f"use one of {', '.join(GRAMMAR_BACKENDS)}, none", errors.CONFIG)
-    results = run_probes(python, preflight_probes(grammar_backend, speculative_algorithm), timeout)
+    results = run_probes(python, preflight_probes(grammar_backend, speculative_algorithm), timeout, env)
     return preflight_checks(results, grammar_backend, speculative_algorithm, stack)

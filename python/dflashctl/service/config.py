@@ -65,6 +65,7 @@ class InstanceConfig:
     environment: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     cache_dir: str | None = None  # None: systemd's CacheDirectory ($CACHE_DIRECTORY) if set
+    driver_library_dir: str | None = None  # None: driver discovery searches (host/driver.py)
     start_timeout_sec: int = 900
     # For synthetic models (smoke tests): random weights, no tokenizer, small CUDA graphs.
     load_format: str | None = None
@@ -217,6 +218,7 @@ KEYS = {
     "environment": ("environment", _environment),
     "extraArgs": ("extra_args", _extra_args),
     "cacheDir": ("cache_dir", _opt(_abs_path)),
+    "driverLibraryDir": ("driver_library_dir", _opt(_abs_path)),
     "startTimeoutSec": ("start_timeout_sec", _int(1, 86400)),
     "loadFormat": ("load_format", _opt(_str)),
     "draftLoadFormat": ("draft_load_format", _opt(_str)),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
                               SERVER_DIED_AFTER_READY, DflashError)
-from dflashctl.host import cuda_home, hub_cache
+from dflashctl.host import cuda_home, driver, hub_cache
 from dflashctl.lock import lockfile
 from dflashctl.service import config, sdnotify, sglang_args
 from dflashctl.service.server import Server, _describe, _indent
@@ -99,7 +99,7 @@ def probe_checks(cfg: config.InstanceConfig, python: str, child_env: dict[str, s
         raise DflashError("dflashctl's preflight probes are missing", str(e),
                           "reinstall dflashctl; `--skip-preflight` starts without them", PREFLIGHT_SGLANG)
     return probes.preflight(cfg.grammar_backend, cfg.speculative.algorithm, python=python,
-                            stack=fingerprint.stack_of_lock(lock_path(), python))
+                            stack=fingerprint.stack_of_lock(lock_path(), python), env=child_env)
 
 
 def lock_path() -> Path:
@@ -209,6 +209,9 @@ def run(args) -> int:
         return OK
     api_key = read_api_key(cfg, env)
     child_env = cuda_home.provide(sglang_args.build_env(cfg, env, read_hf_token(cfg, env)), args.python)
+    child_env, found = driver.provide(child_env, cfg.driver_library_dir)  # exits PREFLIGHT_DRIVER on a mismatch
+    say(f"driver: {found.describe()}" if found else
+        "driver: no NVIDIA driver libraries found by discovery; the loader's own search decides")
     check_models_cached(cfg, child_env, args.config)  # a file check: kept with --skip-preflight
     if not args.skip_preflight:
         preflight(cfg, args.python, child_env)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl.errors import SERVER_DIED_AFTER_READY, DflashError
-from dflashctl.host import cuda_home
+from dflashctl.host import cuda_home, driver
 from dflashctl.service import config, sglang_args
 from dflashctl.service.config import MAX_PORT
 from dflashctl.service.server import Server
@@ -61,6 +61,13 @@ def first_start_note(env=os.environ) -> str | None:
         pass  # no cache directory yet
     return (f"first start on this host: SGLang compiles its JIT kernels with nvcc (about a minute); "
             f"they are kept in {cache} and ~/.cache/flashinfer, so later starts skip it")
+
+
+def driver_note() -> str:
+    """What driver discovery found, before any server starts (a mismatch stops smoke here)."""
+    _, found = driver.provide(dict(os.environ))
+    return (f"driver: {found.describe()}" if found else
+            "driver: no NVIDIA driver libraries found by discovery; the loader's own search decides")
 
 
 def _triton_cache(a) -> str | None:
@@ -142,8 +149,8 @@ def start_server(a, run: str, target: str, draft: str | None, synthetic_pair: bo
     It joins `started` before its process exists, so a SIGTERM at any moment still stops it."""
     d = instance_settings(a, run, target, draft, synthetic_pair, _free_port(), launch)
     cfg = config.from_dict(d, d["name"], origin="smoke settings")
-    srv = Server(sglang_args.build_argv(cfg, python=a.python),
-                 cuda_home.provide(sglang_args.build_env(cfg), a.python),
+    env, _ = driver.provide(cuda_home.provide(sglang_args.build_env(cfg), a.python))
+    srv = Server(sglang_args.build_argv(cfg, python=a.python), env,
                  work / "logs" / f"{run}.log", cfg.base_url)
     s = Started(run, srv, cfg)
     started.append(s)

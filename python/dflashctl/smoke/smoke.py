@@ -20,7 +20,8 @@ from dflashctl.errors import FAILED, PREFLIGHT_SGLANG, USAGE, DflashError
 from dflashctl.service import sglang_features
 from dflashctl.smoke import loadgen, synthetic
 from dflashctl.smoke.report import RunResult, summarise, table
-from dflashctl.smoke.servers import SPECULATIVE, Fleet, first_start_note, say, start_server, stop_all
+from dflashctl.smoke.servers import (SPECULATIVE, Fleet, driver_note, first_start_note, say, start_server,
+                                     stop_all)
 # /server_info fields kept in the result (the whole answer holds every server argument).
 SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculative_draft_model_path",
                     "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",
@@ -297,6 +298,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
         else:
             target, draft = a.model, a.draft_model
         say(f"runs: {', '.join(runs)}; launch {launch}; work dir {work}")
+        say(driver_note())
         note = first_start_note()
         if note:
             say(note)

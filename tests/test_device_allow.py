@@ -1,0 +1,112 @@
+"""The unit's DeviceAllow, resolved as systemd resolves it, against recorded NVIDIA device layouts.
+
+systemd.resource-control(5): `char-NAME` allows every minor of each major that /proc/devices lists
+under NAME in its "Character devices" section (a name may be a glob); a path allows the device
+node at that path, if it exists when the unit starts. Layouts: tests/data/devices/<layout>/.
+"""
+
+import fnmatch
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+LAYOUTS = REPO / "tests/data/devices"
+UNIT = REPO / "python/dflashctl/service/data/service-unit.json"
+# What CUDA (a context on each GPU), UVM (managed memory, every allocation path of torch) and
+# NCCL (the driver's capability nodes for IMEX / fabric handles) open.
+NEEDED = [r"/dev/nvidia\d+", r"/dev/nvidiactl", r"/dev/nvidia-uvm", r"/dev/nvidia-uvm-tools",
+          r"/dev/nvidia-caps/nvidia-cap\d+"]
+NVIDIA_GROUP = re.compile(r"^nvidia")
+
+
+def char_groups(text: str) -> dict[str, set[int]]:
+    """/proc/devices' character section: group name -> majors."""
+    groups: dict[str, set[int]] = {}
+    section = None
+    for line in text.splitlines():
+        if line.endswith(":"):
+            section = line[:-1]
+        elif line.strip() and section == "Character devices":
+            major, name = line.split(None, 1)
+            groups.setdefault(name, set()).add(int(major))
+    return groups
+
+
+def nodes(text: str) -> dict[str, tuple[int, int]]:
+    """`ls -l` lines of character devices: path -> (major, minor); a `DIR:` header prefixes the
+    names listed under it."""
+    out, directory = {}, ""
+    for line in text.splitlines():
+        if line.endswith(":") and line.startswith("/"):
+            directory = line[:-1] + "/"
+            continue
+        m = re.match(r"^c\S+\s+\d+\s+\S+\s+\S+\s+(\d+),\s*(\d+)\s+\w+\s+\d+\s+[\d:]+\s+(\S+)$", line)
+        if m:
+            path = m.group(3) if m.group(3).startswith("/") else directory + m.group(3)
+            out[path] = (int(m.group(1)), int(m.group(2)))
+    return out
+
+
+def resolve(device_allow: list[str], groups: dict[str, set[int]], devs: dict[str, tuple[int, int]]):
+    """(allowed majors with every minor, allowed single nodes), for entries granting r and w."""
+    majors, single = set(), set()
+    for entry in device_allow:
+        spec, access = (entry.split() + ["rwm"])[:2]
+        if not {"r", "w"} <= set(access):
+            continue
+        if spec.startswith("char-"):
+            for name, m in groups.items():
+                if fnmatch.fnmatchcase(name, spec[len("char-"):]):
+                    majors |= m
+        elif spec in devs:
+            single.add(devs[spec])
+    return majors, single
+
+
+def layout(name: str):
+    d = LAYOUTS / name
+    return char_groups((d / "proc-devices.txt").read_text()), nodes((d / "dev-nvidia.txt").read_text())
+
+
+def device_allow() -> list[str]:
+    return json.loads(UNIT.read_text())["service"]["DeviceAllow"]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in LAYOUTS.iterdir() if p.is_dir()))
+def test_every_node_cuda_uvm_and_nccl_open_is_allowed(name):
+    groups, devs = layout(name)
+    majors, single = resolve(device_allow(), groups, devs)
+    needed = {p: mm for p, mm in devs.items() if any(re.fullmatch(r, p) for r in NEEDED)}
+    assert any(re.fullmatch(NEEDED[0], p) for p in needed), f"{name}: no GPU node recorded"
+    denied = sorted(p for p, (major, minor) in needed.items() if major not in majors and (major, minor) not in single)
+    assert not denied, f"{name}: DevicePolicy=closed would deny {denied}"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in LAYOUTS.iterdir() if p.is_dir()))
+def test_only_nvidia_devices_are_allowed(name):
+    groups, devs = layout(name)
+    majors, _ = resolve(device_allow(), groups, devs)
+    nvidia = {m for g, ms in groups.items() if NVIDIA_GROUP.match(g) for m in ms}
+    assert majors <= nvidia
+
+
+def test_the_parsers_read_the_recorded_files():
+    groups, devs = layout("h200-580")
+    assert groups["nvidia"] == groups["nvidiactl"] == {195} and "nvidia-frontend" not in groups
+    assert devs["/dev/nvidia0"] == (195, 0) and devs["/dev/nvidiactl"] == (195, 255)
+    assert devs["/dev/nvidia-caps/nvidia-cap2"] == (241, 2)
+    old_groups, _ = layout("pre550-535")
+    assert old_groups["nvidia-frontend"] == {195} and "nvidia" not in old_groups
+
+
+def test_the_driver_550_rename_is_what_the_old_entries_missed():
+    """With only the pre-550 name, the H200's GPU node is denied: the bug this file guards."""
+    groups, devs = layout("h200-580")
+    old = ["/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "char-nvidia-frontend rw", "char-nvidia-uvm rw",
+           "char-nvidia-caps rw"]
+    majors, single = resolve(old, groups, devs)
+    assert 195 not in majors and (195, 0) not in single

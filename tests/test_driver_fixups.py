@@ -1,0 +1,140 @@
+"""The fix-ups that let locked packages find the driver on NixOS without environment variables
+(overlays/fixups/nvidia-ml-py.nix, cuda-pathfinder.nix), run as the build runs them: the fix-up's
+postInstall, evaluated by Nix, executed by bash with a substituteInPlace that has nixpkgs'
+--replace-fail meaning (every occurrence; fail when there is none).
+
+Goldens: the patched text of a small excerpt of each real file (tests/data/fixups/); with network,
+the real wheel from the lock, patched, then loading a real (fake) NVML from the driver link
+directory with no LD_LIBRARY_PATH. DFLASH_UPDATE_GOLDEN=1 rewrites the goldens.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, nix_or_skip
+from fakehost import V580, fake_nvml
+from nixeval import nix_env
+
+DATA = REPO / "tests/data/fixups"
+SITE = "lib/python3.12/site-packages"
+# fix-up -> (the file it patches inside site-packages, its excerpt in tests/data/fixups)
+PATCHED = {"nvidia-ml-py": "pynvml.py",
+           "cuda-pathfinder": "cuda/pathfinder/_dynamic_libs/load_dl_linux.py"}
+SUBSTITUTE_IN_PLACE = r'''
+substituteInPlace() {
+  "$PYTHON" - "$@" <<'EOF'
+import sys
+path, args = sys.argv[1], sys.argv[2:]
+text = open(path).read()
+while args:
+    flag, old, new, args = args[0], args[1], args[2], args[3:]
+    assert flag == "--replace-fail", flag
+    if old not in text:
+        sys.exit(f"substituteInPlace: pattern {old!r} not found in {path}")
+    text = text.replace(old, new)
+open(path, "w").write(text)
+EOF
+}
+'''
+
+
+def post_install(name: str, driver_link: str) -> str:
+    expr = (f'((import {REPO}/overlays/fixups/{name}.nix {{ python.sitePackages = "{SITE}"; '
+            f'driverLink = "{driver_link}"; }}) {{ }}).postInstall')
+    done = subprocess.run([nix_or_skip(), "eval", "--impure", "--raw", "--expr", expr], capture_output=True,
+                          text=True, env=nix_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def run_fixup(name: str, out: Path, driver_link: str = "/run/opengl-driver") -> subprocess.CompletedProcess:
+    script = "set -eu\n" + SUBSTITUTE_IN_PLACE + post_install(name, driver_link)
+    return subprocess.run(["bash", "-c", script], env={**os.environ, "out": str(out), "PYTHON": sys.executable},
+                          capture_output=True, text=True)
+
+
+@pytest.mark.nix
+@pytest.mark.parametrize("name", sorted(PATCHED))
+def test_golden_patched_excerpt(name, tmp_path):
+    target = tmp_path / SITE / PATCHED[name]
+    target.parent.mkdir(parents=True)
+    excerpt = DATA / Path(PATCHED[name]).name
+    shutil.copy(excerpt, target)
+    done = run_fixup(name, tmp_path)
+    assert done.returncode == 0, done.stderr
+    golden = DATA / (Path(PATCHED[name]).name + ".patched")
+    if os.environ.get("DFLASH_UPDATE_GOLDEN") == "1":
+        golden.write_text(target.read_text())
+    assert target.read_text() == golden.read_text()
+    assert "/run/opengl-driver/lib/" in golden.read_text()
+    compile(golden.read_text(), str(golden), "exec")  # still Python
+    assert run_fixup(name, tmp_path).returncode != 0  # the pattern is gone: --replace-fail stops a rebuild
+
+
+# ---------------------------------------------------------------- the real wheels, with network
+
+def locked_wheel(name: str, dest: Path) -> Path:
+    """The lock's wheel of `name`, downloaded by file name and sha256 as test_lock_network does."""
+    from dflashctl.lock import lockfile
+    from dflashctl.lock.export import requirements_text
+    lock = lockfile.load(REPO / "nix/python-lock.json")
+    line = next(ln for ln in requirements_text(lock, "x86_64-linux").splitlines() if ln.startswith(f"{name}=="))
+    (dest / "req.txt").write_text(line + "\n")
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
+                        "--only-binary=:all:", "-r", str(dest / "req.txt"), "-d", str(dest / "dl")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (wheel,) = (dest / "dl").iterdir()
+    assert wheel.name == lock.systems["x86_64-linux"][name].file
+    return wheel
+
+
+def unpack(wheel: Path, out: Path) -> Path:
+    site = out / SITE
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    return site
+
+
+def python_without_driver_path(site: Path, code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    return subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(site)},
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.nix
+@pytest.mark.network
+def test_pynvml_finds_nvml_in_the_driver_link_dir(tmp_path):
+    driver_link = tmp_path / "opengl-driver"
+    fake_nvml(driver_link / "lib/libnvidia-ml.so.1", tmp_path)
+    wheel = locked_wheel("nvidia-ml-py", tmp_path)
+    code = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlSystemGetDriverVersion())"
+    plain = python_without_driver_path(unpack(wheel, tmp_path / "plain"), code)
+    assert plain.returncode != 0 and "NVMLError_LibraryNotFound" in plain.stderr
+    site = unpack(wheel, tmp_path / "fixed")
+    assert run_fixup("nvidia-ml-py", tmp_path / "fixed", str(driver_link)).returncode == 0
+    fixed = python_without_driver_path(site, code)
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed.stdout.strip() == V580
+
+
+@pytest.mark.nix
+@pytest.mark.network
+def test_cuda_pathfinder_finds_nvml_in_the_driver_link_dir(tmp_path):
+    driver_link = tmp_path / "opengl-driver"
+    fake_nvml(driver_link / "lib/libnvidia-ml.so.1", tmp_path)
+    wheel = locked_wheel("cuda-pathfinder", tmp_path)
+    code = "from cuda.pathfinder import load_nvidia_dynamic_lib as load; print(load('nvml').abs_path)"
+    plain = python_without_driver_path(unpack(wheel, tmp_path / "plain"), code)
+    assert plain.returncode != 0 and "DynamicLibNotFoundError" in plain.stderr
+    site = unpack(wheel, tmp_path / "fixed")
+    assert run_fixup("cuda-pathfinder", tmp_path / "fixed", str(driver_link)).returncode == 0
+    fixed = python_without_driver_path(site, code)
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed.stdout.strip() == str(driver_link / "lib/libnvidia-ml.so.1")
