@@ -10,13 +10,15 @@ import time
 
 from dflashctl import errors
 from dflashctl.host import fingerprint
-from dflashctl.lock import lockfile
+from dflashctl.lock import locate, lockfile
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("doctor", help="check this host's stack against the lock",
                               description=__doc__.splitlines()[0])
-    p.add_argument("--lock", default=str(lockfile.DEFAULT_LOCK), help="lock to compare with (%(default)s)")
+    p.add_argument("--lock", metavar="PATH",
+                   help=f"lock to compare with (default: ${locate.ENV}, else the lock installed with "
+                        "dflashctl, else its source checkout's nix/python-lock.json)")
     p.add_argument("--python", default=sys.executable,
                    help="the Python environment to inspect (default: the one running dflashctl)")
     p.add_argument("--json", action="store_true", help="print the fingerprint as JSON")

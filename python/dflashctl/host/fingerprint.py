@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 from dflashctl import __version__
 from dflashctl.errors import DflashError
 from dflashctl.host import probes
-from dflashctl.lock import lockfile
+from dflashctl.lock import locate, lockfile
 from dflashctl.systems import current_system
 
 FINGERPRINT_VERSION = 1
@@ -48,16 +48,21 @@ def same_version(installed: str, locked: str) -> bool:
         return installed == locked
 
 
-def compare_with_lock(packages: dict, lock_path: Path, python_version: str) -> dict:
+def compare_with_lock(packages: dict, found: locate.FoundLock, python_version: str) -> dict:
     """Installed distributions against the lock for this system: missing, extra, other version."""
+    if found.path is None:
+        return {"path": None, "source": found.source, "not_found": True,
+                "error": f"no lock found (not given, ${locate.ENV} unset, none at "
+                         f"{' or '.join(found.searched)})"}
+    lock_path = found.path
     try:
         lock = lockfile.load(lock_path)
         locked = lock.packages(current_system())
     except DflashError as e:
-        return {"path": str(lock_path), "error": str(e).replace("\n  fix: ", "; ")}
+        return {"path": str(lock_path), "source": found.source, "error": str(e).replace("\n  fix: ", "; ")}
     installed = {lockfile.canonical_name(n): p["version"] for n, p in packages.items()}
     return {
-        "path": str(lock_path), "system": current_system(), "python": lock.python,
+        "path": str(lock_path), "source": found.source, "system": current_system(), "python": lock.python,
         "python_matches": ".".join(python_version.split(".")[:2]) == lock.python,
         "missing": {n: w.version for n, w in sorted(locked.items()) if n not in installed},
         "extra": {n: v for n, v in sorted(installed.items()) if n not in locked and n not in TOOLING},
@@ -77,8 +82,9 @@ def install_locked_hint(lock: dict, python: str) -> str:
 
 def lock_checks(lock: dict, python_version: str, python: str = "python3") -> list[probes.Check]:
     if "error" in lock:
-        return [probes.warn("lock", f"installed packages not compared: {lock['error']}",
-                            "pass --lock PATH to the lock of this stack")]
+        fix = locate.NOT_FOUND_FIX if lock.get("not_found") else "pass --lock PATH to the lock of this stack"
+        return [probes.warn("lock", f"installed packages and the Python version not compared: {lock['error']}",
+                            fix)]
     checks = []
     if lock["python_matches"]:
         checks.append(probes.ok("python", f"Python {python_version}, as the lock expects"))
@@ -99,7 +105,7 @@ def lock_checks(lock: dict, python_version: str, python: str = "python3") -> lis
         checks.append(probes.warn("packages", f"{counts}: {', '.join(list(extra)[:6])}",
                                   "extra packages can shadow locked ones; remove what the stack does not use"))
     else:
-        checks.append(probes.ok("packages", f"every package matches {lock['path']}"))
+        checks.append(probes.ok("packages", f"every package matches {lock['path']} ({lock['source']})"))
     return checks
 
 
@@ -120,9 +126,10 @@ def doctor_checks(results: dict, lock: dict, python_version: str, python: str = 
     return checks
 
 
-def build(python: str = sys.executable, lock_path: Path | str = lockfile.DEFAULT_LOCK,
+def build(python: str = sys.executable, lock_path: Path | str | None = None,
           timeout: float = 30.0) -> dict:
-    """Probe `python` and this host; the fingerprint as a JSON-ready dict."""
+    """Probe `python` and this host; the fingerprint as a JSON-ready dict. Without `lock_path`, the
+    lock this dflashctl belongs to (lock/locate.py)."""
     results = probes.run_probes(python, DOCTOR_PROBES, timeout)
     py = results.pop("python")
     if not py["ok"]:
@@ -130,7 +137,7 @@ def build(python: str = sys.executable, lock_path: Path | str = lockfile.DEFAULT
                           "pass --python PATH to a working Python interpreter")
     dists = results.pop("distributions")
     packages = dists["facts"].get("packages", {})
-    lock = compare_with_lock(packages, Path(lock_path), py["facts"]["version"])
+    lock = compare_with_lock(packages, locate.find(lock_path), py["facts"]["version"])
     checks = doctor_checks(results, lock, py["facts"]["version"], py["facts"].get("executable", python))
     return {
         "fingerprint_version": FINGERPRINT_VERSION,
