@@ -9,7 +9,7 @@ import sys
 import time
 
 from dflashctl import errors
-from dflashctl.host import fingerprint
+from dflashctl.host import fingerprint, gpus
 from dflashctl.lock import locate, lockfile
 
 
@@ -24,6 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the fingerprint as JSON")
     p.add_argument("--save", metavar="FILE", help="also write the fingerprint JSON to FILE, for `diff`")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds each probe may take (%(default)s)")
+    p.add_argument("--record-nvml", metavar="FILE",
+                   help=f"also save NVML's answers (GPU memory, utilization, processes) as a recording "
+                        f"that {gpus.REPLAY_ENV}=FILE replays")
     p.set_defaults(func=run)
 
 
@@ -37,6 +40,7 @@ def render(fp: dict) -> str:
         lines.append(f"{c['status']:<4}  {c['name']:<{width}}  {c['summary']}")
         if c["status"] != "ok" and c["fix"]:
             lines.append(f"{'':<4}  {'':<{width}}  fix: {c['fix']}")
+    lines += gpus.render_lines(fp.get("gpus") or {})
     for s in fp.get("shadowed", []):
         lines.append(f"note: {s['name']} {s['version']} at {s['location']} is shadowed by "
                      f"{fp['packages'].get(s['name'])} earlier on sys.path")
@@ -57,6 +61,8 @@ def run(args) -> int:
     text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
     if args.save:
         lockfile.write_atomic(args.save, text)
+    if args.record_nvml:
+        gpus.save_recording(fp["gpus"], args.record_nvml, "dflashctl doctor --record-nvml")
     sys.stdout.write(text if args.json else render(fp))
     print(f"dflashctl doctor: done in {fp['seconds']:.1f} s", file=sys.stderr)
     return exit_code(fp)

@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from dflashctl import __version__
 from dflashctl.errors import DflashError
-from dflashctl.host import probes
+from dflashctl.host import gpus, probes
 from dflashctl.lock import locate, lockfile
 from dflashctl.systems import current_system
 
@@ -30,7 +30,7 @@ DOCTOR_PROBES = {
     "triton": ("triton", ""), "sgl_kernel": ("sgl_kernel", ""),
     **{f"grammar:{b}": ("grammar", b) for b in probes.GRAMMAR_BACKENDS},
     "flashinfer": ("flashinfer", ""), "soundfile": ("soundfile", ""), "transformers": ("transformers", ""),
-    "sglang": ("sglang", ""), "nvcc": ("cuda_toolkit", ""),
+    "sglang": ("sglang", ""), "nvcc": ("cuda_toolkit", ""), "gpus": ("gpus", gpus.LIBRARY),
 }
 
 
@@ -136,9 +136,11 @@ def build(python: str = sys.executable, lock_path: Path | str | None = None,
         raise DflashError(f"cannot inspect {python}", probes.failure_text(py),
                           "pass --python PATH to a working Python interpreter")
     dists = results.pop("distributions")
+    gpu = gpus.from_probe(results.pop("gpus"))
     packages = dists["facts"].get("packages", {})
     lock = compare_with_lock(packages, locate.find(lock_path), py["facts"]["version"])
     checks = doctor_checks(results, lock, py["facts"]["version"], py["facts"].get("executable", python))
+    checks.append(gpus.doctor_check(gpu))
     return {
         "fingerprint_version": FINGERPRINT_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -149,6 +151,7 @@ def build(python: str = sys.executable, lock_path: Path | str | None = None,
         "shadowed": [s for s in dists["facts"].get("shadowed", []) if s["name"] not in TOOLING],
         "lock": lock,
         "probes": results,
+        "gpus": gpu,
         "checks": [c.to_json() for c in checks],
         "environment": {k: os.environ[k] for k in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH")
                         if k in os.environ},

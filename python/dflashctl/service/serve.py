@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_SGLANG, SERVER_DIED_AFTER_READY, DflashError)
 from dflashctl.host import cuda_home
-from dflashctl.service import config, sdnotify, sglang_args
+from dflashctl.service import config, gpu_claim, sdnotify, sglang_args
 from dflashctl.service.server import Server, _describe, _indent
 from dflashctl.service.validate import warnings_for
 
@@ -66,8 +66,9 @@ def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]
                           "reinstall dflashctl; `--skip-preflight` starts without them", PREFLIGHT_SGLANG)
     for w in jit_toolchain_warnings(child_env):
         say(f"preflight warning: {w}")
-    say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver")
+    say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver, GPU memory")
     checks = probes.preflight(cfg.grammar_backend, cfg.speculative.algorithm, python=python)
+    checks.append(gpu_claim.preflight_check(cfg, python, child_env))  # last: busy GPUs may free up
     for c in checks:
         if c.status == "warn":
             say(f"preflight warning: {c.name}: {c.summary}")
