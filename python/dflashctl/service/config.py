@@ -53,6 +53,7 @@ class InstanceConfig:
     extra_args: tuple[str, ...] = ()
     cache_dir: str | None = None  # None: systemd's CacheDirectory ($CACHE_DIRECTORY) if set
     start_timeout_sec: int = 900
+    stall_timeout_sec: int = 300  # no log output and no GPU memory change this long: stalled (0: off)
     # For synthetic models (smoke tests): random weights, no tokenizer, small CUDA graphs.
     load_format: str | None = None
     draft_load_format: str | None = None
@@ -180,6 +181,7 @@ KEYS = {
     "extraArgs": ("extra_args", _extra_args),
     "cacheDir": ("cache_dir", _opt(_abs_path)),
     "startTimeoutSec": ("start_timeout_sec", _int(1, 86400)),
+    "stallTimeoutSec": ("stall_timeout_sec", _int(0, 86400)),
     "loadFormat": ("load_format", _opt(_str)),
     "draftLoadFormat": ("draft_load_format", _opt(_str)),
     "skipTokenizerInit": ("skip_tokenizer_init", _bool),

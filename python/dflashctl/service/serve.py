@@ -2,7 +2,8 @@
 
 Order: settings (exit CONFIG) -> preflight probes in child processes, before any weights load (exit
 with the failing probe's code) -> SGLang in its own process group -> /health_generate answers ->
-READY=1. A child that dies, before or after ready, is reported at once with the tail of its log.
+READY=1; a start that stops making progress (no log output, no GPU memory change for
+stallTimeoutSec) is stopped and reported (exit SERVER_STALLED). A child that dies, before or after ready, is reported at once with the tail of its log.
 SIGTERM/SIGINT go to the whole process group; STOPPING=1 tells systemd we are on our way out.
 """
 
@@ -16,9 +17,10 @@ import tempfile
 from pathlib import Path
 
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_SGLANG, SERVER_DIED_AFTER_READY, DflashError)
-from dflashctl.host import cuda_home
+from dflashctl.host import cuda_home, gpus
 from dflashctl.service import config, gpu_claim, sdnotify, sglang_args
 from dflashctl.service.server import Server, _describe, _indent
+from dflashctl.service.stall import GpuMemory
 from dflashctl.service.validate import warnings_for
 
 CREDENTIAL = "api-key"  # LoadCredential=api-key:<apiKeyFile> in the unit
@@ -160,7 +162,7 @@ def run(args) -> int:
     _rotate(server.log_path)
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return _supervise(cfg, server)
+        return _supervise(cfg, server, args.python)
     except _Stop as stop:
         sdnotify.notify("STOPPING=1")
         say(f"got {signal.Signals(stop.signum).name}; stopping SGLang (process group {server.pid})")
@@ -179,12 +181,21 @@ def run(args) -> int:
             server.stop(STOP_GRACE_S)  # no orphans, whatever ended the supervision
 
 
-def _supervise(cfg: config.InstanceConfig, server: Server) -> int:
+def _supervise(cfg: config.InstanceConfig, server: Server, python: str) -> int:
     say(f"starting SGLang for {cfg.model} on {cfg.base_url} (log: {server.log_path})")
     server.start()
-    took = server.wait_ready(
-        cfg.start_timeout_sec,
-        on_progress=lambda t, line: sdnotify.status(f"loading ({t:.0f} s): {line}"))
+    gpu = None
+    if cfg.stall_timeout_sec:  # GPU memory that grows is start-up progress too (service/stall.py)
+        gpu = GpuMemory(lambda: gpus.read(python, timeout=10.0),
+                        gpu_claim.instance_gpus(cfg, server.env)).start()
+    try:
+        took = server.wait_ready(
+            cfg.start_timeout_sec,
+            on_progress=lambda t, line: sdnotify.status(f"loading ({t:.0f} s): {line}"),
+            stall_timeout=cfg.stall_timeout_sec, gpu=gpu)
+    finally:
+        if gpu is not None:
+            gpu.stop()
     sdnotify.notify("READY=1")
     say(f"ready after {took:.1f} s: {cfg.base_url}/health_generate decoded a token")
     while True:
