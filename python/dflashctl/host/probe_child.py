@@ -244,18 +244,25 @@ def nvml_snapshot(library):
         buf = ctypes.create_string_buffer(256)
         if nvml.nvmlSystemGetProcessName(ctypes.c_uint(pid), buf, 256) == 0 and buf.value:
             return buf.value.decode(errors="replace")
-        try:  # in a PID namespace NVML may not know the name; /proc may
+        if nested_pid_namespace:  # NVML's pids may be the host's: /proc here could name another process
+            return None
+        try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 return f.read().split(b"\0")[0].decode(errors="replace") or None
         except OSError:
             return None
 
+    try:  # "NSpid: 1234 7" in a container: this process is 7 in its own PID namespace
+        with open("/proc/self/status") as f:
+            nested_pid_namespace = any(len(line.split()) > 2 for line in f if line.startswith("NSpid:"))
+    except OSError:
+        nested_pid_namespace = False
     call("nvmlInit", nvml.nvmlInit_v2)
     buf = ctypes.create_string_buffer(96)
     call("driver version", nvml.nvmlSystemGetDriverVersion, buf, 96)
     cuda = ctypes.c_int(0)
     call("CUDA version", nvml.nvmlSystemGetCudaDriverVersion_v2, ctypes.byref(cuda))
-    snapshot = {"library": path, "driver": buf.value.decode(),
+    snapshot = {"library": path, "driver": buf.value.decode(), "nested_pid_namespace": nested_pid_namespace,
                 "cuda": f"{cuda.value // 1000}.{cuda.value % 1000 // 10}", "gpus": []}
     count = ctypes.c_uint(0)
     call("device count", nvml.nvmlDeviceGetCount_v2, ctypes.byref(count))
