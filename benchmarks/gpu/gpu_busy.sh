@@ -59,7 +59,8 @@ say "doctor (busy): exit $? in $(( $(ms) - t0 )) ms; $(grep -E '^(ok|warn|fail) 
 
 # 4. serve refuses
 t0=$(ms)
-python3 -m dflashctl serve --config "$work/busy.json" --launcher /bin/false >"$OUT/serve-busy.txt" 2>&1
+python3 -m dflashctl serve --config "$work/busy.json" --launcher /bin/false --log-file "$work/sglang.log" \
+  >"$OUT/serve-busy.txt" 2>&1
 rc=$?
 say "serve (busy): exit $rc after $(( $(ms) - t0 )) ms (want 87, naming pid $holder)"
 grep -E "preflight|GPU 0" "$OUT/serve-busy.txt" | tee -a "$summary"
@@ -68,7 +69,8 @@ grep -E "preflight|GPU 0" "$OUT/serve-busy.txt" | tee -a "$summary"
 kill "$holder"; wait "$holder" 2>/dev/null
 sleep 1
 t0=$(ms)
-python3 -m dflashctl serve --config "$work/busy.json" --launcher /bin/false >"$OUT/serve-free.txt" 2>&1
+python3 -m dflashctl serve --config "$work/busy.json" --launcher /bin/false --log-file "$work/sglang.log" \
+  >"$OUT/serve-free.txt" 2>&1
 rc=$?
 say "serve (free): exit $rc after $(( $(ms) - t0 )) ms (want 90: preflight passed, the stand-in launcher exited)"
 grep -E "gpu-memory|preflight" "$OUT/serve-free.txt" | tee -a "$summary"
