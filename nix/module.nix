@@ -76,6 +76,7 @@ let
       "cacheDir"
       "driverLibraryDir"
       "startTimeoutSec"
+      "stallTimeoutSec"
       "loadFormat"
       "draftLoadFormat"
       "skipTokenizerInit"
@@ -388,6 +389,16 @@ let
           description = ''
             Seconds SGLang may take to load and decode its first token. A process that exits is
             reported at once, whatever this says; `TimeoutStartSec` adds time for the preflight.
+          '';
+        };
+        stallTimeoutSec = mkOption {
+          type = types.ints.unsigned;
+          default = 300;
+          example = 600;
+          description = ''
+            Seconds SGLang may go without start-up progress (no new log output and no change in its
+            GPUs' memory) before it is stopped as stalled, with the last thing it logged (exit 93,
+            restarted with backoff). `0` turns the check off; `startTimeoutSec` still applies.
           '';
         };
         loadFormat = mkOption {

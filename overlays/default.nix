@@ -72,7 +72,7 @@ in
   dflashPythonPackages = packages;
   dflashStack = stack;
   dflashctl = final.callPackage ../nix/packages/dflashctl.nix {
-    inherit python;
+    inherit python lockFile;
     packaging = packages.packaging or python.pkgs.packaging;
   };
   dflash-env = final.callPackage ../nix/packages/dflash-env.nix {

@@ -157,3 +157,33 @@ def test_doctor_save_to_an_unwritable_place_is_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "cannot save the fingerprint to /proc/nope.json: No such file or directory" in proc.stderr
     assert "fail " in proc.stdout  # the findings were printed before the save failed
+def test_hung_probes_cost_one_timeout_whatever_the_cores(monkeypatch):
+    """16 probes that hang, on a host that claims 2 cores: every probe starts before the first one
+    is killed, so the set costs one timeout (bounded by cores, it cost eight, one per batch)."""
+    import threading
+
+    events, lock, real = [], threading.Lock(), probes.run_probe
+
+    def counted(*args, **kwargs):
+        with lock:
+            events.append("start")
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                events.append("end")
+
+    monkeypatch.setattr(probes.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(probes, "available_memory", lambda: 64 * 2**30)
+    monkeypatch.setattr(probes, "run_probe", counted)
+    results = probes.run_probes(sys.executable, {f"h{i}": ("hang", "") for i in range(16)}, timeout=1.0)
+    assert all(r["timed_out"] for r in results.values())
+    assert events.index("end") == 16, events  # all 16 started before any ended
+
+
+def test_probe_slots_are_bounded_by_memory_not_cores():
+    gib = 2**30
+    assert probes.probe_slots(16, 64 * gib) == 16
+    assert probes.probe_slots(16, 3 * gib) == 3 * gib // probes.PROBE_MEMORY_BYTES  # 4: a small host
+    assert probes.probe_slots(16, 0) == 1  # never none
+    assert probes.probe_slots(16, None) == 16  # unknown memory: all at once

@@ -246,3 +246,16 @@ def test_preflight_warns_of_a_missing_jit_toolchain_before_the_probes(serve, tmp
     assert "the C++ compiler 'c++'" in err
     proc.notify.drain()
     assert any("JIT kernels" in m for m in proc.notify.messages if m.startswith("STATUS="))
+
+
+def test_a_stalled_start_is_stopped_and_named(serve):
+    proc = serve("stall", ["--skip-preflight"], settings={"stallTimeoutSec": 1}, stall_after=0.5)
+    _, err = proc.communicate(timeout=NEVER)  # startTimeoutSec is 600
+    assert proc.returncode == errors.SERVER_STALLED, err
+    assert errors.SERVER_STALLED not in errors.NO_RESTART
+    assert "no start-up progress for 1 s" in err
+    assert "the last thing it logged: standin: Capturing CUDA graphs (bs=256)" in err
+    assert "raise stallTimeoutSec" in err
+    assert "got signal 15" in (proc.tmp / "sglang.log").read_text()  # the stalled child was stopped
+    proc.notify.drain()
+    assert any(m.startswith("STATUS=failed: SGLang made no start-up progress") for m in proc.notify.messages)

@@ -108,3 +108,82 @@ def test_missing_interpreter_is_a_clear_error(tmp_path):
         srv.start()
     assert e.value.exit_code == errors.SERVER_DIED_BEFORE_READY
     assert "cannot start" in str(e.value)
+
+
+def test_a_start_that_stops_making_progress_is_named_before_the_start_timeout(tmp_path):
+    """The stand-in logs loading lines for 2 s (longer than the stall timeout: each line is progress),
+    then goes silent while still answering health polls with 503 (not progress)."""
+    srv = make(tmp_path, "stall", STANDIN_STALL_AFTER="2.0", STANDIN_PROGRESS_EVERY="0.2")
+    try:
+        with pytest.raises(DflashError) as e:
+            srv.wait_ready(600, stall_timeout=1.0)
+        assert e.value.exit_code == errors.SERVER_STALLED
+        assert srv.poll() is None  # still running: the caller stops it
+        text = str(e.value)
+        assert "no start-up progress for 1 s (no new log output" in text
+        # Stalled only after the last loading line: the lines before it kept it alive.
+        assert "the last thing it logged: standin: Capturing CUDA graphs (bs=256)" in text
+        assert "GET /health_generate" in srv.log_tail()  # polls were answered, yet not progress
+    finally:
+        srv.stop(grace=5)
+
+
+class Samples:
+    """GPU memory as a sampler would see it: grows while `growing`, then stays put."""
+
+    def __init__(self, growing: int):
+        self.growing, self.calls = growing, 0
+
+    def __call__(self):
+        self.calls += 1
+        used = 1000 + 100 * min(self.calls, self.growing)
+        return {"ok": True, "facts": {"gpus": [{"index": 0, "memory_mib": {"used": used}}]}}
+
+
+def test_growing_gpu_memory_is_progress_and_a_stop_is_a_stall(tmp_path):
+    """A silent child (no log after start) whose GPU memory grows for a while: not stalled until it
+    stops growing. Ordering, not time: the stall comes after the last growth was sampled."""
+    from dflashctl.service.stall import GpuMemory
+    srv = make(tmp_path, "silent")
+    samples = Samples(growing=30)  # 3 s of growth at 0.1 s a sample, three stall timeouts
+    gpu = GpuMemory(samples, [0], interval=0.1).start()
+    try:
+        with pytest.raises(DflashError) as e:
+            srv.wait_ready(600, stall_timeout=1.0, gpu=gpu)
+        assert e.value.exit_code == errors.SERVER_STALLED
+        assert samples.calls > 30  # it outlived every growing sample
+        assert "no new log output and no change in GPU memory" in str(e.value)
+    finally:
+        gpu.stop()
+        srv.stop(grace=5)
+
+
+def test_stall_check_off_with_zero(tmp_path):
+    srv = make(tmp_path, "stall", STANDIN_STALL_AFTER="0.1")
+    try:
+        with pytest.raises(DflashError) as e:
+            srv.wait_ready(2, stall_timeout=0)
+        assert e.value.exit_code == errors.SERVER_START_TIMEOUT
+    finally:
+        srv.stop(grace=5)
+
+
+def test_a_progress_bar_redrawn_with_carriage_returns_is_progress(tmp_path):
+    """tqdm redraws one line with \\r while SGLang loads weights: each redraw is progress."""
+    from dflashctl.service.stall import StallWatch
+    log = tmp_path / "log"
+    log.write_bytes(b"")
+    now = [0.0]
+    watch = StallWatch(10, log, 0, clock=lambda: now[0])
+    for pct in (10, 40, 70):
+        with open(log, "ab") as f:
+            f.write(f"\rLoading safetensors checkpoint shards: {pct}%".encode())
+        now[0] += 6
+        assert not watch.stalled()
+    with open(log, "ab") as f:
+        f.write(b'\nINFO:     127.0.0.1:5 - "GET /health_generate HTTP/1.1" 503\n')
+    now[0] += 6
+    assert not watch.stalled()  # 6 s since the last redraw; the poll line did not reset it
+    now[0] += 5
+    assert watch.stalled()
+    assert watch.last_line == "Loading safetensors checkpoint shards: 70%"

@@ -88,6 +88,7 @@ MALFORMED = [
     ("extra-args-repeat-grammar", {**OK, "extraArgs": ["--grammar-backend=none"]},
      "extraArgs: --grammar-backend is set by the option grammarBackend"),
     ("start-timeout-zero", {**OK, "startTimeoutSec": 0}, "startTimeoutSec: must be an integer from 1 to 86400"),
+    ("stall-timeout-negative", {**OK, "stallTimeoutSec": -1}, "stallTimeoutSec: must be an integer from 0 to 86400"),
     ("cuda-graph-bs-zero", {**OK, "cudaGraphMaxBs": 0}, "cudaGraphMaxBs: must be an integer >= 1"),
     ("two-instances-one-port", two({"port": 30000, "gpus": [0]}, {"port": 30000, "gpus": [1]}),
      "instances 'a' and 'b': both use port 30000"),

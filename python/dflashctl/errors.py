@@ -24,9 +24,11 @@ NO_RESTART = (CONFIG, PREFLIGHT_TORCH, PREFLIGHT_KERNEL, PREFLIGHT_GRAMMAR, PREF
               PREFLIGHT_NATIVE, PREFLIGHT_DRIVER, PREFLIGHT_SGLANG, PREFLIGHT_MODEL_MISSING)
 
 # Failures worth a restart with backoff (a crash can be transient: OOM, a GPU reset).
+PREFLIGHT_GPU_BUSY = 87  # another process holds the GPU memory SGLang would claim (it may finish)
 SERVER_DIED_BEFORE_READY = 90
 SERVER_DIED_AFTER_READY = 91
 SERVER_START_TIMEOUT = 92
+SERVER_STALLED = 93  # no start-up progress (log, GPU memory) for stallTimeoutSec
 
 
 class DflashError(Exception):

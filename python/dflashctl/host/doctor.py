@@ -10,14 +10,16 @@ import sys
 import time
 
 from dflashctl import errors
-from dflashctl.host import fingerprint, hub_cache
-from dflashctl.lock import lockfile
+from dflashctl.host import fingerprint, gpus, hub_cache
+from dflashctl.lock import locate, lockfile
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("doctor", help="check this host's stack against the lock",
                               description=__doc__.splitlines()[0])
-    p.add_argument("--lock", default=str(lockfile.DEFAULT_LOCK), help="lock to compare with (%(default)s)")
+    p.add_argument("--lock", metavar="PATH",
+                   help=f"lock to compare with (default: ${locate.ENV}, else the lock installed with "
+                        "dflashctl, else its source checkout's nix/python-lock.json)")
     p.add_argument("--python", default=sys.executable,
                    help="the Python environment to inspect (default: the one running dflashctl)")
     p.add_argument("--json", action="store_true", help="print the fingerprint as JSON")
@@ -27,6 +29,9 @@ def register(subparsers) -> None:
                    help="also report which commit of this hub model the cache holds and whether it is "
                         "complete (repeatable; `dflashctl models status --config FILE` does it per instance)")
     p.add_argument("--hf-home", metavar="DIR", help="the model cache's HF_HOME (default: as the hub client finds it)")
+    p.add_argument("--record-nvml", metavar="FILE",
+                   help=f"also save NVML's answers (GPU memory, utilization, processes) as a recording "
+                        f"that {gpus.REPLAY_ENV}=FILE replays")
     p.set_defaults(func=run)
 
 
@@ -40,6 +45,7 @@ def render(fp: dict) -> str:
         lines.append(f"{c['status']:<4}  {c['name']:<{width}}  {c['summary']}")
         if c["status"] != "ok" and c["fix"]:
             lines.append(f"{'':<4}  {'':<{width}}  fix: {c['fix']}")
+    lines += gpus.render_lines(fp.get("gpus") or {})
     for s in fp.get("shadowed", []):
         lines.append(f"note: {s['name']} {s['version']} at {s['location']} is shadowed by "
                      f"{fp['packages'].get(s['name'])} earlier on sys.path")
@@ -67,6 +73,8 @@ def run(args) -> int:
         fp["checks"] += [hub_cache.check(m).to_json() for m in fp["models"]]
     fp["seconds"] = round(time.monotonic() - started, 2)
     text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
+    if args.record_nvml:
+        gpus.save_recording(fp["gpus"], args.record_nvml, "dflashctl doctor --record-nvml")
     sys.stdout.write(text if args.json else render(fp))
     print(f"dflashctl doctor: done in {fp['seconds']:.1f} s", file=sys.stderr)
     if args.save:

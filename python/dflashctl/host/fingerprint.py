@@ -16,8 +16,8 @@ from packaging.version import InvalidVersion, Version
 
 from dflashctl import __version__
 from dflashctl.errors import DflashError
-from dflashctl.host import driver, probes
-from dflashctl.lock import lockfile
+from dflashctl.host import driver, gpus, probes
+from dflashctl.lock import locate, lockfile
 from dflashctl.systems import current_system
 
 FINGERPRINT_VERSION = 1
@@ -30,7 +30,7 @@ DOCTOR_PROBES = {
     "triton": ("triton", ""), "sgl_kernel": ("sgl_kernel", ""),
     **{f"grammar:{b}": ("grammar", b) for b in probes.GRAMMAR_BACKENDS},
     "flashinfer": ("flashinfer", ""), "soundfile": ("soundfile", ""), "transformers": ("transformers", ""),
-    "sglang": ("sglang", ""), "nvcc": ("cuda_toolkit", ""),
+    "sglang": ("sglang", ""), "nvcc": ("cuda_toolkit", ""), "gpus": ("gpus", gpus.LIBRARY),
 }
 
 
@@ -48,16 +48,21 @@ def same_version(installed: str, locked: str) -> bool:
         return installed == locked
 
 
-def compare_with_lock(packages: dict, lock_path: Path, python_version: str) -> dict:
+def compare_with_lock(packages: dict, found: locate.FoundLock, python_version: str) -> dict:
     """Installed distributions against the lock for this system: missing, extra, other version."""
+    if found.path is None:
+        return {"path": None, "source": found.source, "not_found": True,
+                "error": f"no lock found (not given, ${locate.ENV} unset, none at "
+                         f"{' or '.join(found.searched)})"}
+    lock_path = found.path
     try:
         lock = lockfile.load(lock_path)
         locked = lock.packages(current_system())
     except DflashError as e:
-        return {"path": str(lock_path), "error": str(e).replace("\n  fix: ", "; ")}
+        return {"path": str(lock_path), "source": found.source, "error": str(e).replace("\n  fix: ", "; ")}
     installed = {lockfile.canonical_name(n): p["version"] for n, p in packages.items()}
     return {
-        "path": str(lock_path), "system": current_system(), "python": lock.python,
+        "path": str(lock_path), "source": found.source, "system": current_system(), "python": lock.python,
         "python_matches": ".".join(python_version.split(".")[:2]) == lock.python,
         "missing": {n: w.version for n, w in sorted(locked.items()) if n not in installed},
         "extra": {n: v for n, v in sorted(installed.items()) if n not in locked and n not in TOOLING},
@@ -92,8 +97,9 @@ def stack_of_lock(path: Path | str, python: str) -> probes.Stack:
 
 def lock_checks(lock: dict, python_version: str, python: str = "python3") -> list[probes.Check]:
     if "error" in lock:
-        return [probes.warn("lock", f"installed packages not compared: {lock['error']}",
-                            "pass --lock PATH to the lock of this stack")]
+        fix = locate.NOT_FOUND_FIX if lock.get("not_found") else "pass --lock PATH to the lock of this stack"
+        return [probes.warn("lock", f"installed packages and the Python version not compared: {lock['error']}",
+                            fix)]
     checks = []
     if lock["python_matches"]:
         checks.append(probes.ok("python", f"Python {python_version}, as the lock expects"))
@@ -114,7 +120,7 @@ def lock_checks(lock: dict, python_version: str, python: str = "python3") -> lis
         checks.append(probes.warn("packages", f"{counts}: {', '.join(list(extra)[:6])}",
                                   "extra packages can shadow locked ones; remove what the stack does not use"))
     else:
-        checks.append(probes.ok("packages", f"every package matches {lock['path']}"))
+        checks.append(probes.ok("packages", f"every package matches {lock['path']} ({lock['source']})"))
     return checks
 
 
@@ -138,10 +144,11 @@ def doctor_checks(results: dict, lock: dict, python_version: str, python: str = 
     return checks
 
 
-def build(python: str = sys.executable, lock_path: Path | str = lockfile.DEFAULT_LOCK,
+def build(python: str = sys.executable, lock_path: Path | str | None = None,
           timeout: float = 30.0) -> dict:
     """Probe `python` and this host; the fingerprint as a JSON-ready dict. The probes see the
-    driver the way serve's SGLang child will: through driver discovery's link directory."""
+    driver the way serve's SGLang child will: through driver discovery's link directory. Without
+    `lock_path`, the lock this dflashctl belongs to (lock/locate.py)."""
     env, found = driver.locate(dict(os.environ))
     results = probes.run_probes(python, DOCTOR_PROBES, timeout, env)
     py = results.pop("python")
@@ -149,10 +156,12 @@ def build(python: str = sys.executable, lock_path: Path | str = lockfile.DEFAULT
         raise DflashError(f"cannot inspect {python}", probes.failure_text(py),
                           "pass --python PATH to a working Python interpreter")
     dists = results.pop("distributions")
+    gpu = gpus.from_probe(results.pop("gpus"))
     packages = dists["facts"].get("packages", {})
-    lock = compare_with_lock(packages, Path(lock_path), py["facts"]["version"])
+    lock = compare_with_lock(packages, locate.find(lock_path), py["facts"]["version"])
     checks = doctor_checks(results, lock, py["facts"]["version"], py["facts"].get("executable", python),
                            driver.check(found))
+    checks.append(gpus.doctor_check(gpu))
     return {
         "fingerprint_version": FINGERPRINT_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -163,6 +172,7 @@ def build(python: str = sys.executable, lock_path: Path | str = lockfile.DEFAULT
         "shadowed": [s for s in dists["facts"].get("shadowed", []) if s["name"] not in TOOLING],
         "lock": lock,
         "probes": results,
+        "gpus": gpu,
         "checks": [c.to_json() for c in checks],
         "environment": {k: os.environ[k] for k in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH")
                         if k in os.environ},

@@ -198,6 +198,101 @@ def probe_driver(_, facts):
     nvml.nvmlShutdown()
 
 
+def nvml_snapshot(library):
+    """Every GPU's memory, utilization and compute processes, read through NVML at `library` (a
+    soname or a path: host/gpus.py passes the one driver discovery found). The answers are plain
+    data, so host/gpus.py can save them as a recording and tests can replay them."""
+    nvml = ctypes.CDLL(library)
+    path = (loaded_libraries("libnvidia-ml") or [library])[0]
+    nvml.nvmlErrorString.restype = ctypes.c_char_p
+
+    def call(what, fn, *args):
+        rc = fn(*args)
+        if rc != 0:
+            raise RuntimeError(f"{what}: {nvml.nvmlErrorString(rc).decode()} (NVML error {rc})")
+
+    class Memory(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    class Utilization(ctypes.Structure):
+        _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+    class Process(ctypes.Structure):  # nvmlProcessInfo_t (v2/v3)
+        _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                    ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+    def processes(handle):
+        fn = getattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v3", None) or \
+            nvml.nvmlDeviceGetComputeRunningProcesses_v2
+        count, infos = ctypes.c_uint(0), None
+        rc = fn(handle, ctypes.byref(count), None)
+        while rc == 7:  # NVML_ERROR_INSUFFICIENT_SIZE: count now says how many
+            count = ctypes.c_uint(count.value + 4)
+            infos = (Process * count.value)()
+            rc = fn(handle, ctypes.byref(count), infos)
+            if rc == 0:
+                break
+        if rc != 0:
+            raise RuntimeError(f"compute processes: {nvml.nvmlErrorString(rc).decode()} (NVML error {rc})")
+        out = []
+        for info in (infos[:count.value] if infos is not None else []):
+            used = None if info.usedGpuMemory >= 2**64 - 1 else info.usedGpuMemory // 2**20
+            out.append({"pid": info.pid, "name": process_name(info.pid), "used_mib": used})
+        return out
+
+    def process_name(pid):
+        buf = ctypes.create_string_buffer(256)
+        if nvml.nvmlSystemGetProcessName(ctypes.c_uint(pid), buf, 256) == 0 and buf.value:
+            return buf.value.decode(errors="replace")
+        if nested_pid_namespace:  # NVML's pids may be the host's: /proc here could name another process
+            return None
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().split(b"\0")[0].decode(errors="replace") or None
+        except OSError:
+            return None
+
+    try:  # "NSpid: 1234 7" in a container: this process is 7 in its own PID namespace
+        with open("/proc/self/status") as f:
+            nested_pid_namespace = any(len(line.split()) > 2 for line in f if line.startswith("NSpid:"))
+    except OSError:
+        nested_pid_namespace = False
+    call("nvmlInit", nvml.nvmlInit_v2)
+    buf = ctypes.create_string_buffer(96)
+    call("driver version", nvml.nvmlSystemGetDriverVersion, buf, 96)
+    cuda = ctypes.c_int(0)
+    call("CUDA version", nvml.nvmlSystemGetCudaDriverVersion_v2, ctypes.byref(cuda))
+    snapshot = {"library": path, "driver": buf.value.decode(), "nested_pid_namespace": nested_pid_namespace,
+                "cuda": f"{cuda.value // 1000}.{cuda.value % 1000 // 10}", "gpus": []}
+    count = ctypes.c_uint(0)
+    call("device count", nvml.nvmlDeviceGetCount_v2, ctypes.byref(count))
+    for i in range(count.value):
+        handle = ctypes.c_void_p()
+        call(f"GPU {i}", nvml.nvmlDeviceGetHandleByIndex_v2, i, ctypes.byref(handle))
+        gpu = {"index": i}
+        call(f"GPU {i} name", nvml.nvmlDeviceGetName, handle, buf, 96)
+        gpu["name"] = buf.value.decode()
+        call(f"GPU {i} UUID", nvml.nvmlDeviceGetUUID, handle, buf, 96)
+        gpu["uuid"] = buf.value.decode()
+        mem = Memory()
+        call(f"GPU {i} memory", nvml.nvmlDeviceGetMemoryInfo, handle, ctypes.byref(mem))
+        gpu["memory_mib"] = {"total": mem.total // 2**20, "free": mem.free // 2**20, "used": mem.used // 2**20}
+        util = Utilization()  # not supported on every GPU (MIG): None, not a failure
+        ok = nvml.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(util)) == 0
+        gpu["utilization_percent"] = {"gpu": util.gpu, "memory": util.memory} if ok else None
+        try:
+            gpu["processes"] = processes(handle)
+        except RuntimeError as e:
+            gpu["processes"], gpu["processes_error"] = None, str(e)
+        snapshot["gpus"].append(gpu)
+    nvml.nvmlShutdown()
+    return snapshot
+
+
+def probe_gpus(library, facts):
+    facts.update(nvml_snapshot(library or "libnvidia-ml.so.1"))
+
+
 def probe_sglang(algorithm, facts):
     """Where sglang is and the choices its parser offers, read from source with `ast`.
 

@@ -2,8 +2,9 @@
 
 A probe that imports native code can crash (abort, segfault) or hang (a driver call that never
 returns); run in a child of the *target* Python with a timeout, either becomes a failing Check with
-the tail of the child's stderr, never the end of the parent. The children run in parallel, so the
-whole set costs about as long as the slowest import (`import torch`), not the sum.
+the tail of the child's stderr, never the end of the parent. The children all run at once (bounded
+by memory, not cores), so the whole set costs about as long as the slowest import (`import torch`),
+and a hung interpreter costs one timeout, not one per batch.
 
 `run_probes` returns raw facts (probe_child.py gathers them); the `check_*` functions below turn
 them into Checks: status, one-line summary, one-line fix, and the exit code `serve` exits with.
@@ -126,10 +127,37 @@ def describe_exit(code: int) -> str:
     return f"exited with status {code} before reporting"
 
 
+# What one probe child may take at its peak (`import torch` plus CUDA's libraries: ~0.5 GiB resident).
+PROBE_MEMORY_BYTES = 768 * 2**20
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def probe_slots(count: int, memory: int | None) -> int:
+    """How many probes run at once: all of them, unless memory cannot hold them all.
+
+    The probes wait on children that mostly sleep on I/O, or hang: bounding them by cores made a
+    hung interpreter cost one timeout per batch (16 probes on 2 cores: 8 timeouts).
+    """
+    if memory is None:
+        return max(1, count)
+    return max(1, min(count, memory // PROBE_MEMORY_BYTES))
+
+
 def run_probes(python: str, wanted: dict[str, tuple[str, str]], timeout: float = 20.0,
                env: dict | None = None) -> dict[str, dict]:
-    """Run probes in parallel: {key: (probe, arg)} -> {key: result}."""
-    workers = max(2, min(len(wanted), (os.cpu_count() or 2)))
+    """Run probes all at once (as memory allows): {key: (probe, arg)} -> {key: result}."""
+    workers = probe_slots(len(wanted), available_memory())
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {key: pool.submit(run_probe, python, probe, arg, timeout, env)
                    for key, (probe, arg) in wanted.items()}

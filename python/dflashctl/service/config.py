@@ -67,6 +67,7 @@ class InstanceConfig:
     cache_dir: str | None = None  # None: systemd's CacheDirectory ($CACHE_DIRECTORY) if set
     driver_library_dir: str | None = None  # None: driver discovery searches (host/driver.py)
     start_timeout_sec: int = 900
+    stall_timeout_sec: int = 300  # no log output and no GPU memory change this long: stalled (0: off)
     # For synthetic models (smoke tests): random weights, no tokenizer, small CUDA graphs.
     load_format: str | None = None
     draft_load_format: str | None = None
@@ -220,6 +221,7 @@ KEYS = {
     "cacheDir": ("cache_dir", _opt(_abs_path)),
     "driverLibraryDir": ("driver_library_dir", _opt(_abs_path)),
     "startTimeoutSec": ("start_timeout_sec", _int(1, 86400)),
+    "stallTimeoutSec": ("stall_timeout_sec", _int(0, 86400)),
     "loadFormat": ("load_format", _opt(_str)),
     "draftLoadFormat": ("draft_load_format", _opt(_str)),
     "skipTokenizerInit": ("skip_tokenizer_init", _bool),

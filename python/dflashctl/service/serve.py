@@ -2,8 +2,9 @@
 
 Order: settings (exit CONFIG) -> preflight probes in child processes, before any weights load (every
 failure listed with its fix; exit with the first one's code) -> SGLang in its own process group ->
-/health_generate answers ->
-READY=1. A child that dies, before or after ready, is reported at once with the tail of its log.
+/health_generate answers -> READY=1; a start that stops making progress (no log output, no GPU
+memory change for stallTimeoutSec) is stopped and reported (exit SERVER_STALLED). A child that
+dies, before or after ready, is reported at once with the tail of its log.
 SIGTERM/SIGINT go to the whole process group; STOPPING=1 tells systemd we are on our way out.
 """
 
@@ -18,10 +19,11 @@ from pathlib import Path
 
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
                               SERVER_DIED_AFTER_READY, DflashError)
-from dflashctl.host import cuda_home, driver, hub_cache
+from dflashctl.host import cuda_home, driver, gpus, hub_cache
 from dflashctl.lock import lockfile
-from dflashctl.service import config, sdnotify, sglang_args
+from dflashctl.service import config, gpu_claim, sdnotify, sglang_args
 from dflashctl.service.server import Server, _describe, _indent
+from dflashctl.service.stall import GpuMemory
 from dflashctl.service.validate import warnings_for
 
 # LoadCredential=<name>:<file> in the unit (names from data/service-unit.json).
@@ -109,14 +111,15 @@ def lock_path() -> Path:
 
 # Each step: (settings, python, child env) -> list of probes.Check. Every step runs, whatever the
 # others found, so one start names every problem; the first failure's code is the exit status.
-PREFLIGHT_STEPS = [probe_checks]
+PREFLIGHT_STEPS = [probe_checks,
+                   lambda cfg, python, env: [gpu_claim.preflight_check(cfg, python, env)]]  # last: busy GPUs may free up
 STATUS_LIMIT = 3500  # the list of failures in STATUS=; sdnotify keeps it under systemd's datagram size
 
 
 def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]) -> None:
     for w in jit_toolchain_warnings(child_env):
         say(f"preflight warning: {w}")
-    say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver")
+    say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver, GPU memory")
     checks = [c for step in PREFLIGHT_STEPS for c in step(cfg, python, child_env)]
     for c in checks:
         if c.status == "warn":
@@ -221,7 +224,7 @@ def run(args) -> int:
     _rotate(server.log_path)
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return _supervise(cfg, server)
+        return _supervise(cfg, server, args.python)
     except _Stop as stop:
         sdnotify.notify("STOPPING=1")
         say(f"got {signal.Signals(stop.signum).name}; stopping SGLang (process group {server.pid})")
@@ -240,12 +243,21 @@ def run(args) -> int:
             server.stop(STOP_GRACE_S)  # no orphans, whatever ended the supervision
 
 
-def _supervise(cfg: config.InstanceConfig, server: Server) -> int:
+def _supervise(cfg: config.InstanceConfig, server: Server, python: str) -> int:
     say(f"starting SGLang for {cfg.model} on {cfg.base_url} (log: {server.log_path})")
     server.start()
-    took = server.wait_ready(
-        cfg.start_timeout_sec,
-        on_progress=lambda t, line: sdnotify.status(f"loading ({t:.0f} s): {line}"))
+    gpu = None
+    if cfg.stall_timeout_sec:  # GPU memory that grows is start-up progress too (service/stall.py)
+        gpu = GpuMemory(lambda: gpus.read(python, timeout=10.0),
+                        gpu_claim.instance_gpus(cfg, server.env)).start()
+    try:
+        took = server.wait_ready(
+            cfg.start_timeout_sec,
+            on_progress=lambda t, line: sdnotify.status(f"loading ({t:.0f} s): {line}"),
+            stall_timeout=cfg.stall_timeout_sec, gpu=gpu)
+    finally:
+        if gpu is not None:
+            gpu.stop()
     sdnotify.notify("READY=1")
     say(f"ready after {took:.1f} s: {cfg.base_url}/health_generate decoded a token")
     while True:

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from dflashctl.errors import SERVER_DIED_BEFORE_READY, SERVER_START_TIMEOUT, DflashError
+from dflashctl.errors import SERVER_DIED_BEFORE_READY, SERVER_STALLED, SERVER_START_TIMEOUT, DflashError
+from dflashctl.service.stall import GpuMemory, StallWatch
 
 POLL_S = 0.1  # how often the child is checked while waiting
 HEALTH_INTERVAL_S = 0.5  # pause between health attempts
@@ -86,13 +87,16 @@ class Server:
 
     # --- readiness -------------------------------------------------------------------------------
     def wait_ready(self, timeout: float, on_progress: Callable[[float, str], None] | None = None,
-                   health_path: str = "/health_generate") -> float:
+                   health_path: str = "/health_generate", stall_timeout: float = 0,
+                   gpu: GpuMemory | None = None) -> float:
         """Block until `health_path` answers 200; returns the seconds it took.
 
         Raises SERVER_DIED_BEFORE_READY as soon as the child exits (checked every POLL_S, also while
-        a health request hangs) and SERVER_START_TIMEOUT after `timeout` seconds.
+        a health request hangs), SERVER_STALLED after `stall_timeout` seconds (0: never) without
+        new log output or a change in `gpu`'s memory, and SERVER_START_TIMEOUT after `timeout` seconds.
         """
         start = time.monotonic()
+        watch = StallWatch(stall_timeout, self.log_path, self._log_offset, gpu)
         url = self.base_url + health_path
         attempt: dict = {}  # the health request in flight: {"thread", "ok"}
         next_attempt = start
@@ -118,6 +122,14 @@ class Server:
                                                                       start + timeout - now))),
                     daemon=True)
                 attempt["thread"].start()
+            if watch.stalled():
+                raise DflashError(f"SGLang made no start-up progress for {stall_timeout:.0f} s "
+                                  f"({watch.watching()}), {now - start:.0f} s after start; stopping it",
+                                  f"the last thing it logged: {watch.last_line or '(nothing)'}\n"
+                                  "its log ends with:\n" + _indent(self.log_tail()),
+                                  "find what that step waits on (a download, a file lock, NCCL between "
+                                  "GPUs, a compiler); if it is only slow, raise stallTimeoutSec (0 turns "
+                                  f"the check off). Full log: {self.log_path}", SERVER_STALLED)
             if now - start >= timeout:
                 raise DflashError(f"SGLang was not ready after {timeout:.0f} s",
                                   f"{health_path} never answered 200 while the process kept running; "

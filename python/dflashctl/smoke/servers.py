@@ -179,8 +179,10 @@ class Fleet:
 
     def _wait(self, s: Started, timeout: float) -> None:
         try:
+            # Log-only stall check: the servers share a GPU, so its memory says nothing of one of them.
             s.startup_s = s.server.wait_ready(
-                timeout, on_progress=lambda t, line: self._status.__setitem__(s.run, (t, line)))
+                timeout, on_progress=lambda t, line: self._status.__setitem__(s.run, (t, line)),
+                stall_timeout=s.cfg.stall_timeout_sec)
             with self._lock:
                 self._ready.append(s)
         except DflashError as e:

@@ -6,6 +6,9 @@ Takes SGLang's flags (uses --port and --host, ignores the rest) and behaves as S
   hang             listens, but /health_generate never answers 200
   die-after-ready  like healthy, then exits 4 STANDIN_DIE_AFTER seconds after the first 200
   silent           never listens at all
+  stall            listens (503 to every health poll, logged as SGLang's access log would), logs a
+                   loading line every STANDIN_PROGRESS_EVERY seconds for STANDIN_STALL_AFTER seconds,
+                   then "Capturing CUDA graphs", then nothing more
 It writes its argv as JSON to STANDIN_ARGV_FILE, appends a line to STANDIN_OK_FILE before each 200,
 and exits 0 on SIGTERM.
 """
@@ -87,6 +90,19 @@ if mode == "crash":
     threading.Thread(target=crash_later, daemon=True).start()
 if mode == "die-after-ready":
     threading.Thread(target=die_after_ready, daemon=True).start()
+def progress_then_stall():
+    every = float(os.environ.get("STANDIN_PROGRESS_EVERY", "0.2"))
+    end = started + float(os.environ.get("STANDIN_STALL_AFTER", "1.0"))
+    shard = 0
+    while time.monotonic() < end:
+        shard += 1
+        print(f"standin: Loading safetensors checkpoint shards: step {shard}", flush=True)
+        time.sleep(every)
+    print("standin: Capturing CUDA graphs (bs=256)", flush=True)  # the last line before the hang
+
+
+if mode == "stall":
+    threading.Thread(target=progress_then_stall, daemon=True).start()
 if mode == "silent":
     while True:
         time.sleep(3600)

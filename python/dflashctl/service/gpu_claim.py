@@ -1,0 +1,49 @@
+"""Preflight: is the GPU memory this instance's SGLang will claim free? (host/gpus.py reads NVML)
+
+SGLang 0.5.11 sizes its KV cache from the memory free when it starts (rest = free after the weights
+- free before x (1 - mem_fraction_static)), so memory another process holds does not always stop it
+at once: it shrinks the KV cache, or fails with "Not enough memory" after the weights have loaded,
+and it shares the GPU's compute. The instance's memFractionStatic (or SGLang's default for this GPU)
+is the share of the GPU it was sized for, so that much must be free before SGLang starts.
+"""
+
+import os
+
+from dflashctl.host import gpus, probes
+from dflashctl.service.config import InstanceConfig
+
+
+def instance_gpus(cfg: InstanceConfig, env: dict[str, str]) -> list[int]:
+    """NVML indices of the GPUs SGLang will use: `gpus`, else the first tpSize visible ones.
+
+    Assumes CUDA's order is NVML's (PCI bus order; true where all GPUs are the same model).
+    """
+    if cfg.gpus:
+        return list(cfg.gpus)
+    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and all(v.isdigit() for v in visible):
+        return [int(v) for v in visible[:cfg.tp_size]]
+    return list(range(cfg.tp_size))
+
+
+def claimed_fraction(cfg: InstanceConfig, snapshot: dict, indices: list[int]) -> tuple[float, str]:
+    if cfg.mem_fraction_static is not None:
+        return cfg.mem_fraction_static, f"memFractionStatic {cfg.mem_fraction_static:g}"
+    totals = [g["memory_mib"]["total"] for g in snapshot["gpus"] if g["index"] in indices]
+    if not totals:
+        return 0.0, "no GPU"
+    fraction = gpus.sglang_default_mem_fraction(
+        min(totals), cfg.tp_size, cfg.speculative.algorithm, cfg.cuda_graph_max_bs,
+        piecewise="--disable-piecewise-cuda-graph" not in cfg.extra_args)
+    return fraction, f"SGLang's default mem_fraction_static {fraction:g} for this GPU"
+
+
+def preflight_check(cfg: InstanceConfig, python: str, child_env: dict[str, str],
+                    timeout: float = 20.0, env: dict[str, str] | None = None) -> probes.Check:
+    env = os.environ if env is None else env
+    result = gpus.read(python, gpus.LIBRARY, timeout, env)
+    indices = instance_gpus(cfg, child_env)
+    if not result.get("ok"):
+        return gpus.check_claim(result, indices, 0.0, "")
+    fraction, how = claimed_fraction(cfg, result["facts"], indices)
+    return gpus.check_claim(result, indices, fraction, how)

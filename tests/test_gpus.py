@@ -1,0 +1,181 @@
+"""Busy GPUs found in seconds (host/gpus.py, service/gpu_claim.py): NVML read through the library
+path it is given, recorded, replayed; serve refuses a GPU whose memory another process holds.
+
+Without a GPU, NVML is either a recording (tests/data/gpus/h200-*.json, modelled on the lent H200)
+or tests/data/gpus/fake_nvml.c built as libnvidia-ml.so.1, which runs the real ctypes code; the
+processes it reports are real ones started here.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflashctl import errors
+from dflashctl.host import gpus, probes
+from dflashctl.service import config, gpu_claim
+from test_serve import NEVER, serve  # noqa: F401 - the fixture
+
+DATA = Path(__file__).parent / "data"
+IDLE, BUSY = DATA / "gpus" / "h200-idle.json", DATA / "gpus" / "h200-busy.json"
+RECORDED_PYTHON = DATA / "service" / "recorded_python.py"
+
+
+@pytest.fixture(scope="module")
+def fake_nvml(tmp_path_factory) -> Path:
+    """A directory holding the stand-in libnvidia-ml.so.1."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in NVML")
+    d = tmp_path_factory.mktemp("nvml")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(d / "libnvidia-ml.so.1"), str(DATA / "gpus" / "fake_nvml.c")],
+                   check=True)
+    return d
+
+
+@pytest.fixture
+def holder():
+    """A real process for NVML to name as the one holding GPU memory."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def stack_python(tmp_path) -> str:
+    """An interpreter whose preflight probes answer as the H200's did (recorded_python.py)."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{RECORDED_PYTHON}" "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_nvml_is_read_through_the_library_path_it_is_given(fake_nvml, holder, monkeypatch):
+    monkeypatch.setenv("FAKE_NVML_PROCS", f"{holder.pid}:122880")
+    monkeypatch.setenv("FAKE_NVML_UTIL", "100")
+    r = probes.run_probe(sys.executable, "gpus", str(fake_nvml / "libnvidia-ml.so.1"))
+    assert r["ok"], r
+    snap = r["facts"]
+    assert (snap["driver"], snap["cuda"], snap["library"]) == ("580.159.04", "13.0",
+                                                                str(fake_nvml / "libnvidia-ml.so.1"))
+    [gpu] = snap["gpus"]
+    assert gpu["memory_mib"] == {"total": 143771, "used": 553 + 122880, "free": 143771 - 553 - 122880}
+    assert gpu["utilization_percent"] == {"gpu": 100, "memory": 50}
+    # NVML cannot name it (as in a PID namespace): the name comes from /proc
+    assert gpu["processes"] == [{"pid": holder.pid, "name": sys.executable, "used_mib": 122880}]
+
+
+def test_a_missing_library_is_a_finding_not_a_crash():
+    r = probes.run_probe(sys.executable, "gpus", "/nonexistent/libnvidia-ml.so.1")
+    assert not r["ok"] and "cannot open shared object file" in r["error"]
+    check = gpus.check_claim(r, [0], 0.5, "memFractionStatic 0.5")
+    assert check.status == "warn" and check.summary.startswith("GPU memory not checked")
+
+
+def test_doctor_shows_each_gpu_records_nvml_and_replays_it(fake_nvml, holder, tmp_path):
+    env = dict(os.environ, LD_LIBRARY_PATH=str(fake_nvml), FAKE_NVML_PROCS=f"{holder.pid}:122880",
+               FAKE_NVML_UTIL="100")
+    env.pop(gpus.REPLAY_ENV, None)
+    rec = tmp_path / "nvml.json"
+    run = subprocess.run([sys.executable, "-m", "dflashctl", "doctor", "--json", "--record-nvml", str(rec)],
+                         env=env, capture_output=True, text=True, timeout=180)
+    assert "Traceback" not in run.stderr, run.stderr
+    checks = {c["name"]: c for c in json.loads(run.stdout)["checks"]}
+    assert checks["driver"]["status"] == "ok"  # the stand-in answers the driver probe too
+    assert checks["gpus"]["status"] == "warn"
+    assert f"GPU 0: pid {holder.pid} {sys.executable} (120.0 GiB)" in checks["gpus"]["summary"]
+    recording = gpus.load_recording(rec)
+    assert recording["nvml"]["gpus"][0]["processes"][0]["pid"] == holder.pid
+    # Replayed: no NVML at all, the same answers, and the table says where they came from.
+    env = dict(os.environ, **{gpus.REPLAY_ENV: str(rec)})
+    env.pop("LD_LIBRARY_PATH", None)
+    table = subprocess.run([sys.executable, "-m", "dflashctl", "doctor"], env=env, capture_output=True,
+                           text=True, timeout=180).stdout
+    assert "gpu 0: NVIDIA H200, 20338 MiB free of 143771 MiB, 100 % busy, 1 compute process(es)" in table
+    assert f"pid {holder.pid} {sys.executable}: 122880 MiB" in table
+    assert f"(NVML answers replayed from {rec})" in table
+
+
+def test_serve_refuses_a_busy_gpu_naming_the_holder(serve, stack_python):  # noqa: F811
+    """The H200 with another process holding 120 GiB; the instance wants half the GPU."""
+    proc = serve("healthy", ["--python", stack_python], settings={"memFractionStatic": 0.5},
+                 env={gpus.REPLAY_ENV: str(BUSY)})
+    _, err = proc.communicate(timeout=NEVER)
+    assert proc.returncode == errors.PREFLIGHT_GPU_BUSY, err
+    assert errors.PREFLIGHT_GPU_BUSY not in errors.NO_RESTART  # the other work may end: systemd retries
+    assert ("GPU 0 (NVIDIA H200): 19.7 GiB free of 140.4 GiB, SGLang claims 70.2 GiB (memFractionStatic 0.5); "
+            "held by pid 4242 python3 (120.2 GiB)") in err
+    assert "lower memFractionStatic" in err
+    assert not (proc.tmp / "argv.json").exists()  # SGLang was never started
+
+
+def test_serve_starts_when_the_claim_fits(serve, stack_python):  # noqa: F811
+    proc = serve("healthy", ["--python", stack_python], settings={"memFractionStatic": 0.5},
+                 env={gpus.REPLAY_ENV: str(IDLE)})
+    assert proc.notify.recv_until("READY=1", proc), proc.communicate(timeout=NEVER)[1]
+    proc.terminate()
+    proc.communicate(timeout=NEVER)
+
+
+def test_serve_names_a_live_holder_through_nvml(serve, stack_python, fake_nvml, holder):  # noqa: F811
+    """No recording: NVML (the stand-in library) reports a real process; SGLang's default claim."""
+    proc = serve("healthy", ["--python", stack_python],
+                 env={"LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_PROCS": f"{holder.pid}:40960"})
+    _, err = proc.communicate(timeout=NEVER)
+    assert proc.returncode == errors.PREFLIGHT_GPU_BUSY, err
+    assert "SGLang's default mem_fraction_static 0.903 for this GPU" in err
+    assert f"held by pid {holder.pid} {sys.executable} (40.0 GiB)" in err
+
+
+def snapshot(path: Path) -> dict:
+    return {"ok": True, "facts": gpus.load_recording(path)["nvml"]}
+
+
+def test_memory_no_listed_process_accounts_for_is_named():
+    """In a container NVML lists no processes of other containers, yet their memory is used."""
+    busy = snapshot(BUSY)
+    busy["facts"]["gpus"][0]["processes"] = []
+    check = gpus.check_claim(busy, [0], 0.5, "memFractionStatic 0.5")
+    assert check.exit_code == errors.PREFLIGHT_GPU_BUSY
+    assert check.summary.endswith("held by processes NVML does not list here (another container or VM?): "
+                                  "120.7 GiB")
+
+
+def test_a_gpu_the_host_lacks_is_a_settings_error():
+    check = gpus.check_claim(snapshot(IDLE), [0, 3], 0.5, "memFractionStatic 0.5")
+    assert (check.status, check.exit_code) == ("fail", errors.CONFIG)
+    assert check.summary == "GPU 3 not found: NVML sees 1 GPU(s) (0)"
+
+
+def test_the_claim_is_memfractionstatic_or_sglangs_default():
+    idle = gpus.load_recording(IDLE)["nvml"]
+    cfg = config.from_dict({"name": "a", "model": "m", "memFractionStatic": 0.5})
+    assert gpu_claim.claimed_fraction(cfg, idle, [0]) == (0.5, "memFractionStatic 0.5")
+    # SGLang 0.5.11 on 143771 MiB: reserves 512 + 8192 x 1.5 + 256 x 2 + 128 + 58 piecewise graphs x 8
+    # = 13904 MiB (>= 10 GiB), plus 4 GiB for a draft model with DFLASH.
+    assert gpus.piecewise_graph_tokens(8192) == 58
+    plain = config.from_dict({"name": "a", "model": "m"})
+    assert gpu_claim.claimed_fraction(plain, idle, [0])[0] == round((143771 - 13904) / 143771, 3) == 0.903
+    dflash = config.from_dict({"name": "a", "model": "m", "draftModel": "d", "speculative": {"algorithm": "DFLASH"}})
+    assert gpu_claim.claimed_fraction(dflash, idle, [0])[0] == round((143771 - 13904 - 4096) / 143771, 3)
+
+
+def test_instance_gpus_follow_gpus_then_visible_devices_then_tp_size():
+    two = config.from_dict({"name": "a", "model": "m", "tpSize": 2})
+    assert gpu_claim.instance_gpus(two, {}) == [0, 1]
+    assert gpu_claim.instance_gpus(two, {"CUDA_VISIBLE_DEVICES": "3,5,6"}) == [3, 5]
+    listed = config.from_dict({"name": "a", "model": "m", "gpus": [4]})
+    assert gpu_claim.instance_gpus(listed, {"CUDA_VISIBLE_DEVICES": "4"}) == [4]
+
+
+def test_a_file_that_is_not_a_recording_is_refused(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"gpus": []}')
+    with pytest.raises(errors.DflashError) as e:
+        gpus.load_recording(bad)
+    assert "is not an NVML recording" in str(e.value) and "--record-nvml" in str(e.value)
