@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, nix_or_skip
+from conftest import REPO, nix_or_skip, nixfmt_or_skip
 from nixeval import eval_json, nix_env
 
 pytestmark = pytest.mark.nix
@@ -38,6 +38,14 @@ def test_parses(path):
     done = subprocess.run([nix_instantiate, "--parse", path], cwd=REPO, capture_output=True,
                           text=True, env=nix_env())
     assert done.returncode == 0, done.stderr
+
+
+def test_nix_files_are_nixfmt_formatted():
+    """checks.formatting, offline: the same `nixfmt --check` over the same files."""
+    nixfmt = nixfmt_or_skip()
+    done = subprocess.run([nixfmt, "--check", *nix_files()], cwd=REPO, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, f"not in nixfmt's layout (run `nix fmt` or nixfmt FILE):\n{done.stderr}"
 
 
 def test_outputs_present_without_nixpkgs():
