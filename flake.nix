@@ -20,14 +20,18 @@
           }) systems
         );
 
+      # nixpkgs, imported once per system and shared by every output of that system (an import
+      # per output would evaluate nixpkgs and the overlay again for each).
       # allowUnfree: torch and the nvidia-* / cuda-toolkit wheels carry NVIDIA's licence.
-      pkgsFor =
+      pkgsBySystem = forAllSystems (
         system:
         import nixpkgs {
           inherit system;
           config.allowUnfree = true;
           overlays = [ self.overlays.default ];
-        };
+        }
+      );
+      pkgsFor = system: pkgsBySystem.${system};
 
       nixLib = import ./nix/lib;
     in

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, nix_or_skip, nixfmt_or_skip
-from nixeval import eval_json, nix_env
+from nixeval import eval_file, eval_json, nix_env
 
 pytestmark = pytest.mark.nix
 
@@ -60,6 +60,15 @@ def test_outputs_present_without_nixpkgs():
     assert "default" in out["overlays"]
     module = {"imports": ["module.nix"], "defaults": ["dflashctlPackage", "package"]}
     assert out["nixosModules"] == {"dflash": module, "default": module}
+
+
+def test_nixpkgs_is_imported_once_per_system():
+    """Every output of a system shares one nixpkgs import (and so one evaluation of the overlay);
+    the stand-in nixpkgs traces each import while all per-system outputs are forced."""
+    done = eval_file(nix_or_skip(), REPO / "tests/nix/flake-imports.nix")
+    assert done.returncode == 0, done.stderr
+    imports = sorted(line for line in done.stderr.splitlines() if "stub nixpkgs imported" in line)
+    assert imports == [f"trace: stub nixpkgs imported for {s}" for s in sorted(SYSTEMS)]
 
 
 def test_lock_pins_nixpkgs():
