@@ -6,4 +6,5 @@
   graph = import ./graph.nix;
   spec = import ./spec.nix;
   fixups = import ./fixups.nix;
+  pyproject = import ./pyproject.nix;
 }
