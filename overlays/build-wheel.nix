@@ -16,6 +16,8 @@
   fixup ? (_: { }),
 }:
 let
+  nixLib = import ../nix/lib;
+
   # Driver libraries come from the host's NVIDIA driver at run time (/run/opengl-driver/lib,
   # added to every runpath by autoAddDriverRunpath), never from the store.
   driverLibraries = [
@@ -46,6 +48,9 @@ let
     # Locked bytes stay as published; stripping prebuilt CUDA libraries has broken them before.
     dontStrip = true;
     passthru.lockEntry = entry;
+    # From the wheel's metadata via the lock: NVIDIA's wheels are unfree, so nixpkgs builds them
+    # only where the host allows them (flake.nix: dflash.lib.allowUnfreePredicate).
+    meta.license = nixLib.license.meta lib entry.license;
   };
 
   args = base // fixup base;

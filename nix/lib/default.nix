@@ -7,4 +7,5 @@
   spec = import ./spec.nix;
   fixups = import ./fixups.nix;
   pyproject = import ./pyproject.nix;
+  license = import ./license.nix;
 }

@@ -12,7 +12,19 @@ builtins.trace "stub nixpkgs imported for ${system}" {
     escapeShellArg = s: "'${s}'";
     hasInfix = infix: s: builtins.match ".*${infix}.*" s != null;
   };
-  dflash-env = "dflash-env-${system}";
+  # The unfree rule the flake gave this import, visible in the output.
+  dflash-env =
+    "dflash-env-${system}"
+    + (
+      if config ? allowUnfreePredicate then
+        " (unfree allowed: nvidia-cublas ${
+           builtins.toJSON (config.allowUnfreePredicate { pname = "nvidia-cublas"; })
+         }, torch ${builtins.toJSON (config.allowUnfreePredicate { pname = "torch"; })})"
+      else if config.allowUnfree or false then
+        " (unfree allowed: all)"
+      else
+        ""
+    );
   dflashctl = "dflashctl-${system}";
   nixfmt-tree = "nixfmt-tree-${system}";
   nixfmt = "nixfmt";

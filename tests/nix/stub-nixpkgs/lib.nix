@@ -11,4 +11,10 @@
     in
     ls >= lx && builtins.substring (ls - lx) lx s == suffix;
   remove = e: builtins.filter (x: x != e);
+  makeExtensible =
+    f:
+    let
+      self = f self;
+    in
+    self;
 }
