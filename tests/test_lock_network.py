@@ -43,7 +43,8 @@ def test_live_lock_matches_the_captured_fixture(small):
     assert text == build().dumps()
     lock = lockfile.load(d / "lock.json")
     for system, info in summary["systems"].items():
-        assert info["packages"] == len(lock.systems[system])
+        assert info["packages"] == len(lock.packages(system))
+        assert info["packages"] + info["dev_packages"] == len(lock.systems[system])
         assert info["download_bytes"] == sum(w.size for w in lock.systems[system].values())
 
 
