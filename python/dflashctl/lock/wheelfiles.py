@@ -2,7 +2,6 @@
 path and content hash, its ELF files (machine, needed libraries) and its console scripts. A scan
 is cached beside the wheel, keyed by the wheel's sha256, so a second audit reads no zip."""
 
-import base64
 import configparser
 import json
 import zipfile
@@ -112,7 +111,3 @@ def cached_scan(wheel: Path, sha256: str) -> Scan:
         pass  # a read-only wheel directory: scan again next time
     return result
 
-
-def b64_sha256(hexdigest: str) -> str:
-    """RECORD's form of a sha256 (urlsafe base64, no padding)."""
-    return "sha256=" + base64.urlsafe_b64encode(bytes.fromhex(hexdigest)).decode().rstrip("=")
