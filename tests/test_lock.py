@@ -365,3 +365,30 @@ def test_unfree_rule_matches_nix():
     from dflashctl.lock.licenses import is_unfree
     assert is_unfree("LicenseRef-NVIDIA-SOFTWARE-LICENSE") and is_unfree("MIT OR LicenseRef-Proprietary")
     assert not is_unfree("MIT") and not is_unfree("LicenseRef-Unknown") and not is_unfree("LicenseRef-BSD")
+
+
+def test_lock_tells_the_user_to_audit_after_a_change(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from dflashctl.lock import lock as lockcmd
+
+    monkeypatch.setattr(lockcmd, "resolve", lambda spec, quiet: build())
+    args = argparse.Namespace(diff=None, check=False, spec=DATA / "stack.toml", lock=tmp_path / "l.json",
+                              json=False, quiet=True)
+    assert lockcmd.run(args) == 0
+    out = capsys.readouterr().out
+    assert "wrote" in out and "next: `dflashctl audit`" in out
+    assert "unfree" in out and "for the dev shell" in out
+    assert lockcmd.run(args) == 0  # unchanged: nothing new to audit
+    assert "dflashctl audit" not in capsys.readouterr().out
+
+
+def test_relocking_reads_only_new_wheels_licences(tmp_path):
+    from dflashctl.lock.lock import known_licenses
+
+    lock = build()
+    (tmp_path / "l.json").write_text(lock.dumps())
+    known = known_licenses(tmp_path / "l.json")
+    assert known["torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl"] == "BSD-3-Clause"
+    assert len(known) == len({w.file for pkgs in lock.systems.values() for w in pkgs.values()})
+    assert known_licenses(tmp_path / "missing.json") == {}

@@ -55,6 +55,8 @@ def test_overlay_splits_the_stack_and_maps_licences():
     out = eval_json(nix_or_skip(), NIX_TESTS / "overlay.nix")
     assert "pytest" in out["devStack"] and "pytest" not in out["stack"]
     assert out["envLibs"] == out["stack"] + ["dflashctl"]  # dflash-env: the stack, no dev group
+    # The dev shell's Python is the locked stack plus the locked dev group, nothing from nixpkgs.
+    assert out["devShellLibs"] == out["devStack"]
     assert out["licenses"]["nvidia-cuda-runtime"] == [{"free": False, "shortName": "CUDA EULA"}]
     assert out["licenses"]["torch"] == [{"shortName": "bsd3"}]
     assert out["licenses"]["build-tagged"] == []  # LicenseRef-Unknown: no meta.license

@@ -44,6 +44,11 @@ let
         autoAddDriverRunpath = "autoAddDriverRunpath";
         addDriverRunpath.driverLink = "/run/opengl-driver";
         fetchPypi = args: "fetchPypi ${args.pname}";
+        mkShell = args: args;
+        writeShellScriptBin = name: _: name;
+        uv = "uv";
+        nixfmt = "nixfmt";
+        git = "git";
         callPackage =
           fn: args:
           let
@@ -79,6 +84,8 @@ else
     stack = map (p: p.pname) pkgs.dflashStack;
     devStack = map (p: p.pname) pkgs.dflashDevStack;
     envLibs = map (p: p.pname or p) pkgs.dflash-env.extraLibs;
+    # nix/dev-shell.nix: its Python environment is the first of the shell's packages.
+    devShellLibs = (builtins.head (pkgs.callPackage ../../nix/dev-shell.nix { }).packages).extraLibs;
     unfree = pkgs.dflashUnfreePackages;
     licenses = builtins.mapAttrs (_: p: p.meta.license) pkgs.dflashPythonPackages;
     refusedWithoutAllowUnfree = !tried.success;

@@ -5,6 +5,10 @@ Wheels whose metadata gives no usable answer get a `LicenseRef-` id: NVIDIA's pr
 `LicenseRef-NVIDIA-Proprietary`, other proprietary ones `LicenseRef-Proprietary`, the rest
 `LicenseRef-Unknown`. nix/lib/license.nix turns the expression into `meta.license`; the two
 proprietary ids are unfree there, so nixpkgs refuses them unless the host allows them.
+
+A published wheel never changes, so `dflashctl lock` keeps the licences of files the old lock
+already has and reads only new ones; after changing the rules here, move the lock aside and lock
+again to re-read them all.
 """
 
 import re

@@ -52,7 +52,17 @@ def lock_from_uv(uv_lock: dict, spec: specmod.Spec, torch_requires, licenses) ->
                 {s: c.dev_roots for s, c in closures.items()})
 
 
-def resolve(spec: specmod.Spec, quiet: bool = False) -> Lock:
+def known_licenses(path) -> dict[str, str]:
+    """file -> licence from an existing lock: a published wheel never changes, so neither does its
+    metadata; only new files are read from the index."""
+    try:
+        lock = lockfile.load(path)
+    except DflashError:
+        return {}
+    return {w.file: w.license for pkgs in lock.systems.values() for w in pkgs.values() if w.license}
+
+
+def resolve(spec: specmod.Spec, quiet: bool = False, known: dict[str, str] | None = None) -> Lock:
     import tomllib
     from concurrent.futures import ThreadPoolExecutor
 
@@ -65,8 +75,12 @@ def resolve(spec: specmod.Spec, quiet: bool = False) -> Lock:
         def torch_requires(system, url):
             return (fetched.get(url) or pool.submit(resolver.requires_dist, url)).result()
 
-        return lock_from_uv(tomllib.loads(text), spec, torch_requires,
-                            lambda urls: licenses.fetch(urls, quiet))
+        def read_licenses(urls):
+            found = {f: (known or {})[f] for f in urls if f in (known or {})}
+            new = {f: u for f, u in urls.items() if f not in found}
+            return {**found, **(licenses.fetch(new, quiet) if new else {})}
+
+        return lock_from_uv(tomllib.loads(text), spec, torch_requires, read_licenses)
 
 
 def summary(lock: Lock) -> dict:
@@ -91,7 +105,7 @@ def _cmd_diff(args) -> int:
 def _cmd_check(args, spec: specmod.Spec) -> int:
     committed_text = _read(args.lock)
     committed = lockfile.parse(_json(committed_text, args.lock), str(args.lock))
-    fresh = resolve(spec, args.quiet)
+    fresh = resolve(spec, args.quiet, known_licenses(args.lock))
     changes = lockdiff.diff(committed, fresh)
     hand_formatted = not changes and committed_text != fresh.dumps()
     if args.json:
@@ -144,7 +158,7 @@ def run(args) -> int:
     if args.check:
         return _cmd_check(args, spec)
     start = time.monotonic()
-    lock = resolve(spec, args.quiet)
+    lock = resolve(spec, args.quiet, known_licenses(args.lock))
     text = lock.dumps()
     old = Path(args.lock).read_text() if Path(args.lock).exists() else None
     if text != old:
