@@ -372,7 +372,7 @@ def test_lock_tells_the_user_to_audit_after_a_change(tmp_path, monkeypatch, caps
 
     from dflashctl.lock import lock as lockcmd
 
-    monkeypatch.setattr(lockcmd, "resolve", lambda spec, quiet: build())
+    monkeypatch.setattr(lockcmd, "resolve", lambda spec, quiet, known=None: build())
     args = argparse.Namespace(diff=None, check=False, spec=DATA / "stack.toml", lock=tmp_path / "l.json",
                               json=False, quiet=True)
     assert lockcmd.run(args) == 0
