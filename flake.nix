@@ -20,14 +20,23 @@
           }) systems
         );
 
-      # allowUnfree: torch and the nvidia-* / cuda-toolkit wheels carry NVIDIA's licence.
-      pkgsFor =
+      # nixpkgs, imported once per system and shared by every output of that system (an import
+      # per output would evaluate nixpkgs and the overlay again for each).
+      # Unfree: only the locked wheels whose licence is (NVIDIA's CUDA licence, per the lock).
+      pkgsBySystem = forAllSystems (
         system:
         import nixpkgs {
           inherit system;
-          config.allowUnfree = true;
+          config.allowUnfreePredicate = self.lib.allowUnfreePredicate;
           overlays = [ self.overlays.default ];
-        };
+        }
+      );
+
+      lock = nixLib.lock.read ./nix/python-lock.json;
+      unfreePackages = builtins.concatMap (
+        system: nixLib.license.unfreeNames (nixLib.lock.packagesFor lock system)
+      ) (nixLib.lock.systems lock);
+      pkgsFor = system: pkgsBySystem.${system};
 
       nixLib = import ./nix/lib;
     in
@@ -35,6 +44,8 @@
       lib = nixLib // {
         # An overlay with other arguments, e.g. mkOverlay { sglangPatches = [ ./ddtree.patch ]; }.
         mkOverlay = args: import ./overlays args;
+        # For a host's nixpkgs.config: allows exactly the locked wheels with an unfree licence.
+        allowUnfreePredicate = pkg: builtins.elem (pkg.pname or "") unfreePackages;
       };
 
       overlays.default = import ./overlays { };

@@ -1,26 +1,18 @@
-# `nix develop`: the locked stack, dflashctl from the working tree (editable through
-# PYTHONPATH), pytest, uv and the Nix formatter.
+# `nix develop`: the locked stack plus its dev group (pytest, locked in nix/stack.toml with the
+# stack, so one `packaging` and nothing borrowed from nixpkgs' Python set), dflashctl from the
+# working tree (editable through PYTHONPATH), the pinned host compiler, uv and the Nix formatter.
 {
-  lib,
   mkShell,
   writeShellScriptBin,
   dflashPython,
-  dflashPythonPackages,
-  dflashStack,
+  dflashDevStack,
   dflashHostCompiler,
   uv,
   nixfmt,
   git,
 }:
 let
-  python = dflashPython;
-  # pytest from nixpkgs, its dependencies swapped for the locked wheels of the same name, so
-  # the environment holds one `packaging` (the lock's), not two.
-  preferLocked = map (dep: dflashPythonPackages.${dep.pname or ""} or dep);
-  pytest = python.pkgs.pytest.overridePythonAttrs (old: {
-    dependencies = preferLocked (old.dependencies or [ ]);
-  });
-  devPython = python.buildEnv.override { extraLibs = dflashStack ++ [ pytest ]; };
+  devPython = dflashPython.buildEnv.override { extraLibs = dflashDevStack; };
   # `dflashctl` runs the working tree's code with the shell's Python.
   dflashctl = writeShellScriptBin "dflashctl" ''exec python -m dflashctl "$@"'';
 in

@@ -61,7 +61,20 @@ let
       }
     ) locked
   );
-  stack = map (name: packages.${name}) (builtins.attrNames locked);
+  names = builtins.attrNames locked;
+  # The host's stack leaves out what only the dev group needs; the dev shell has everything.
+  stack = map (name: packages.${name}) (builtins.filter (name: !locked.${name}.dev) names);
+  devStack = map (name: packages.${name}) names;
+
+  # nixpkgs refuses an unfree package one at a time; name them all at once instead.
+  unfree = nixLib.license.unfreeNames locked;
+  allowed =
+    name:
+    final.config.allowUnfree or false
+    || (final.config.allowUnfreePredicate or (_: false)) packages.${name}
+    || builtins.getEnv "NIXPKGS_ALLOW_UNFREE" == "1";
+  refused = builtins.filter (name: !allowed name) unfree;
+  licensed = v: if refused == [ ] then v else throw (nixLib.license.refusal refused);
 in
 {
   dflashPython = python;
@@ -70,7 +83,9 @@ in
   # The smoke app, the dev shell and the NixOS module all put this one on PATH.
   dflashHostCompiler = final.gcc14;
   dflashPythonPackages = packages;
-  dflashStack = stack;
+  dflashStack = licensed stack;
+  dflashDevStack = licensed devStack;
+  dflashUnfreePackages = unfree;
   dflashctl = final.callPackage ../nix/packages/dflashctl.nix {
     inherit python lockFile;
     packaging = packages.packaging or python.pkgs.packaging;

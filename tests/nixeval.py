@@ -12,8 +12,11 @@ def nix_env() -> dict:
     return {**os.environ, "NIX_CONFIG": NIX_CONFIG}
 
 
-def eval_file(nix: str, path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([nix, "eval", "--json", "--file", str(path)], capture_output=True,
+def eval_file(nix: str, path: Path, args: str = "{ }") -> subprocess.CompletedProcess:
+    """`nix eval --json --file PATH`; a file that is a function is called with `args` (Nix 2.8's
+    `nix eval` does not auto-call, and --impure only lets --expr read the file)."""
+    expr = f"let f = import {Path(path).resolve()}; in if builtins.isFunction f then f ({args}) else f"
+    return subprocess.run([nix, "eval", "--json", "--impure", "--expr", expr], capture_output=True,
                           text=True, env=nix_env(), timeout=120)
 
 

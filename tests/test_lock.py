@@ -305,3 +305,90 @@ def test_cli_malformed_spec_fails_without_traceback(tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("dflashctl lock: stack.toml is not a valid stack spec: unknown system 'x86-linux'")
     assert not (tmp_path / "lock.json").exists()
+
+
+# --- dev group and licences --------------------------------------------------------------------
+
+def test_dev_group_is_resolved_with_the_stack_and_kept_apart():
+    lock = build()
+    for system in (X86, ARM):
+        assert lock.dev_roots[system] == ["pytest"]
+        every, stack = lock.packages(system, dev=True), lock.packages(system)
+        assert {n for n, w in every.items() if w.dev} == {"pytest", "pluggy", "iniconfig", "pygments"} - set(stack)
+        assert not any(w.dev for w in stack.values())
+        # pytest needs packaging, which the stack has: one resolution, one version, not dev.
+        assert "packaging" in every["pytest"].dependencies and not every["packaging"].dev
+    data = json.loads(lock.dumps())["systems"][X86]
+    assert data["dev_roots"] == ["pytest"]
+    assert data["packages"]["pytest"]["dev"] is True and "dev" not in data["packages"]["torch"]
+    assert lockfile.parse(json.loads(lock.dumps())) == lock
+
+
+def test_every_locked_wheel_carries_its_licence():
+    lock = build()
+    for system in (X86, ARM):
+        pkgs = lock.systems[system]
+        assert all(w.license for w in pkgs.values())
+        assert pkgs["torch"].license == "BSD-3-Clause"
+        assert pkgs["triton"].license == "MIT"  # classifier only
+        assert pkgs["soundfile"].license == "BSD-3-Clause"  # "BSD 3-Clause License" beats "BSD License"
+        assert pkgs["sglang-kernel"].license == "Apache-2.0"  # full licence text in License
+        assert pkgs["packaging"].license == "Apache-2.0 OR BSD-2-Clause"
+        nvidia = {n for n, w in pkgs.items() if w.license.startswith("LicenseRef-NVIDIA")}
+        assert {"nvidia-cublas", "nvidia-cudnn-cu13", "nvidia-nccl-cu13", "cuda-toolkit",
+                "cuda-bindings"} <= nvidia
+        assert not {"torch", "triton", "sglang-kernel"} & nvidia
+
+
+@pytest.mark.parametrize("headers, expected", [
+    ("License-Expression: MIT OR Apache-2.0\nLicense: BSD\n", "MIT OR Apache-2.0"),
+    ("Classifier: License :: OSI Approved :: MIT License\n", "MIT"),
+    ("License: Apache 2.0 License\n", "Apache-2.0"),
+    ("License: MPL-2.0 AND MIT\n", "MPL-2.0 AND MIT"),
+    ("License: NVIDIA Proprietary Software\nAuthor-email: cuda_installer@nvidia.com\n",
+     "LicenseRef-NVIDIA-Proprietary"),
+    ("Classifier: License :: Other/Proprietary License\nAuthor: Someone Else\n", "LicenseRef-Proprietary"),
+    ("Author-email: compute_installer@nvidia.com\n", "LicenseRef-NVIDIA-Proprietary"),
+    ("Author: nobody\n", "LicenseRef-Unknown"),
+    ("License: Some words that are not a licence\n", "LicenseRef-Unknown"),
+    ("License: MIT License\n        \n        Copyright (c) 2022 OpenAI\n", "MIT"),
+    # A whole licence text in License: its words ("License Agreement") are not a verdict.
+    ("License: Apache License\n        Version 2.0 ... Contributor License Agreement ...\n"
+     "Classifier: License :: OSI Approved :: Apache Software License\n", "Apache-2.0"),
+])
+def test_licence_from_metadata_headers(headers, expected):
+    from dflashctl.lock.licenses import license_of
+    assert license_of(f"Metadata-Version: 2.1\nName: x\n{headers}\nREADME body: MIT\n") == expected
+
+
+def test_unfree_rule_matches_nix():
+    from dflashctl.lock.licenses import is_unfree
+    assert is_unfree("LicenseRef-NVIDIA-SOFTWARE-LICENSE") and is_unfree("MIT OR LicenseRef-Proprietary")
+    assert not is_unfree("MIT") and not is_unfree("LicenseRef-Unknown") and not is_unfree("LicenseRef-BSD")
+
+
+def test_lock_tells_the_user_to_audit_after_a_change(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from dflashctl.lock import lock as lockcmd
+
+    monkeypatch.setattr(lockcmd, "resolve", lambda spec, quiet, known=None: build())
+    args = argparse.Namespace(diff=None, check=False, spec=DATA / "stack.toml", lock=tmp_path / "l.json",
+                              json=False, quiet=True)
+    assert lockcmd.run(args) == 0
+    out = capsys.readouterr().out
+    assert "wrote" in out and "next: `dflashctl audit`" in out
+    assert "unfree" in out and "for the dev shell" in out
+    assert lockcmd.run(args) == 0  # unchanged: nothing new to audit
+    assert "dflashctl audit" not in capsys.readouterr().out
+
+
+def test_relocking_reads_only_new_wheels_licences(tmp_path):
+    from dflashctl.lock.lock import known_licenses
+
+    lock = build()
+    (tmp_path / "l.json").write_text(lock.dumps())
+    known = known_licenses(tmp_path / "l.json")
+    assert known["torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl"] == "BSD-3-Clause"
+    assert len(known) == len({w.file for pkgs in lock.systems.values() for w in pkgs.values()})
+    assert known_licenses(tmp_path / "missing.json") == {}

@@ -43,7 +43,8 @@ def test_live_lock_matches_the_captured_fixture(small):
     assert text == build().dumps()
     lock = lockfile.load(d / "lock.json")
     for system, info in summary["systems"].items():
-        assert info["packages"] == len(lock.systems[system])
+        assert info["packages"] == len(lock.packages(system))
+        assert info["packages"] + info["dev_packages"] == len(lock.systems[system])
         assert info["download_bytes"] == sum(w.size for w in lock.systems[system].values())
 
 
@@ -149,3 +150,19 @@ def test_committed_lock_is_up_to_date():
     r = dflashctl("lock", "--check", "--json", "-q")
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout) == {"up_to_date": True, "changes": []}
+
+
+@pytest.mark.parametrize("system", ["x86_64-linux", "aarch64-linux"])
+def test_audit_of_a_sample_of_the_committed_lock(system, tmp_path):
+    """`dflashctl audit` on the real lock, for a small sample (the full audit downloads ~3.6 GiB
+    per system: a benchmark, docs/benchmarks.md): soundfile's bundled libsndfile and
+    torch-memory-saver's hooks (libcudart from nvidia-cuda-runtime via its fix-up) resolve."""
+    r = dflashctl("audit", "--system", system, "--only", "soundfile,torch-memory-saver",
+                  "--cache", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["ok"] and report["systems"][system]["elf_files"] >= 3
+    assert report["downloaded"] >= 4  # the two wheels and their dependency closures
+    again = dflashctl("audit", "--system", system, "--only", "soundfile,torch-memory-saver",
+                      "--cache", str(tmp_path), "--json")
+    assert json.loads(again.stdout)["reused"] == report["downloaded"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, nix_or_skip
-from nixeval import eval_json, nix_env
+from conftest import REPO, nix_or_skip, nixfmt_or_skip
+from nixeval import eval_file, eval_json, nix_env
 
 pytestmark = pytest.mark.nix
 
@@ -40,6 +40,14 @@ def test_parses(path):
     assert done.returncode == 0, done.stderr
 
 
+def test_nix_files_are_nixfmt_formatted():
+    """checks.formatting, offline: the same `nixfmt --check` over the same files."""
+    nixfmt = nixfmt_or_skip()
+    done = subprocess.run([nixfmt, "--check", *nix_files()], cwd=REPO, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, f"not in nixfmt's layout (run `nix fmt` or nixfmt FILE):\n{done.stderr}"
+
+
 def test_outputs_present_without_nixpkgs():
     out = eval_json(nix_or_skip(), REPO / "tests/nix/flake-outputs.nix")
     assert {"packages", "apps", "devShells", "checks", "overlays", "nixosModules",
@@ -52,6 +60,15 @@ def test_outputs_present_without_nixpkgs():
     assert "default" in out["overlays"]
     module = {"imports": ["module.nix"], "defaults": ["dflashctlPackage", "hostCompilerPackage", "package"]}
     assert out["nixosModules"] == {"dflash": module, "default": module}
+
+
+def test_nixpkgs_is_imported_once_per_system():
+    """Every output of a system shares one nixpkgs import (and so one evaluation of the overlay);
+    the stand-in nixpkgs traces each import while all per-system outputs are forced."""
+    done = eval_file(nix_or_skip(), REPO / "tests/nix/flake-imports.nix")
+    assert done.returncode == 0, done.stderr
+    imports = sorted(line for line in done.stderr.splitlines() if "stub nixpkgs imported" in line)
+    assert imports == [f"trace: stub nixpkgs imported for {s}" for s in sorted(SYSTEMS)]
 
 
 def test_lock_pins_nixpkgs():

@@ -44,6 +44,30 @@ def test_real_lock_is_buildable_as_nix_packages():
         assert s["notRoundTripping"] == []
         assert s["fetchPypi"]["sglang-kernel"]["pname"] == "sglang_kernel"
         assert s["fetchPypi"]["torch"]["version"] == "2.11.0"
+        # The dev group is pytest and what only it needs; everything else is the host's stack.
+        assert s["devRoots"] == ["pytest"] and s["devMismatch"] == []
+        assert set(s["dev"]) == {"pytest", "pluggy", "iniconfig"}
+        assert {"nvidia-cublas", "nvidia-cudnn-cu13", "nvidia-nccl-cu13"} <= set(s["unfree"])
+        assert not {"torch", "triton", "sglang", "sglang-kernel"} & set(s["unfree"])
+
+
+def test_overlay_splits_the_stack_and_maps_licences():
+    out = eval_json(nix_or_skip(), NIX_TESTS / "overlay.nix")
+    assert "pytest" in out["devStack"] and "pytest" not in out["stack"]
+    assert out["envLibs"] == out["stack"] + ["dflashctl"]  # dflash-env: the stack, no dev group
+    # The dev shell's Python is the locked stack plus the locked dev group, nothing from nixpkgs.
+    assert out["devShellLibs"] == out["devStack"]
+    assert out["licenses"]["nvidia-cuda-runtime"] == [{"free": False, "shortName": "CUDA EULA"}]
+    assert out["licenses"]["torch"] == [{"shortName": "bsd3"}]
+    assert out["licenses"]["build-tagged"] == []  # LicenseRef-Unknown: no meta.license
+    assert out["refusedWithoutAllowUnfree"] and out["allowedWithAllowUnfree"] == len(out["stack"])
+
+
+def test_a_host_that_allows_no_unfree_package_is_told_which():
+    done = eval_file(nix_or_skip(), NIX_TESTS / "overlay.nix", "{ config = { }; }")
+    assert done.returncode != 0
+    assert "1 locked wheels carry a licence nixpkgs counts as unfree" in done.stderr
+    assert "nvidia-cuda-runtime" in done.stderr and "allowUnfreePredicate" in done.stderr
 
 
 def test_nix_and_python_read_the_same_lock():
@@ -52,7 +76,7 @@ def test_nix_and_python_read_the_same_lock():
 
     for path in (REPO / "tests/data/nix/lock.json", REPO / "nix/python-lock.json"):
         expr = f"""let l = import {REPO}/nix/lib; lock = l.lock.read {path}; in
-          builtins.mapAttrs (s: _: builtins.mapAttrs (_: p: {{ inherit (p) file sha256 dependencies; }})
+          builtins.mapAttrs (s: _: builtins.mapAttrs (_: p: {{ inherit (p) file sha256 dependencies license dev; }})
             (l.lock.packagesFor lock s)) lock.systems"""
         done = subprocess.run([nix_or_skip(), "eval", "--json", "--impure", "--expr", expr],
                               capture_output=True, text=True, env=nix_env(), timeout=120)
@@ -60,7 +84,8 @@ def test_nix_and_python_read_the_same_lock():
         from_nix = json.loads(done.stdout)
         lock = lockfile.load(path)
         from_python = {
-            system: {name: {"file": w.file, "sha256": w.sha256, "dependencies": list(w.dependencies)}
+            system: {name: {"file": w.file, "sha256": w.sha256, "dependencies": list(w.dependencies),
+                            "license": w.license, "dev": w.dev}
                      for name, w in pkgs.items()}
             for system, pkgs in lock.systems.items()
         }

@@ -6,4 +6,6 @@
   graph = import ./graph.nix;
   spec = import ./spec.nix;
   fixups = import ./fixups.nix;
+  pyproject = import ./pyproject.nix;
+  license = import ./license.nix;
 }

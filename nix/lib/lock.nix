@@ -17,7 +17,8 @@ rec {
 
   systems = lock: builtins.attrNames lock.systems;
 
-  # name -> { name, version, file, size, sha256, dependencies, fetchPypi } for one Nix system.
+  # name -> { name, version, file, size, sha256, dependencies, license, dev, fetchPypi } for one
+  # Nix system; `dev` marks what only the dev group ([dependency-groups] dev) needs.
   packagesFor =
     lock: system:
     if !(lock.systems ? ${system}) then
@@ -32,8 +33,11 @@ rec {
           sha256
           dependencies
           ;
+        license = p.license or "LicenseRef-Unknown";
+        dev = p.dev or false;
         fetchPypi = wheel.fetchPypiArgs { inherit (p) file sha256; };
       }) lock.systems.${system}.packages;
 
   rootsFor = lock: system: lock.systems.${system}.roots or [ ];
+  devRootsFor = lock: system: lock.systems.${system}.dev_roots or [ ];
 }

@@ -15,6 +15,7 @@ from dflashctl.errors import DflashError
 COMMANDS = {
     "lock": "dflashctl.lock.lock",
     "export": "dflashctl.lock.export",
+    "audit": "dflashctl.lock.audit",
     "doctor": "dflashctl.host.doctor",
     "diff": "dflashctl.host.fingerprint_diff",
     "validate": "dflashctl.service.validate",

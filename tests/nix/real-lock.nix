@@ -7,14 +7,22 @@ let
     let
       packages = nixLib.lock.packagesFor lock system;
       roots = nixLib.lock.rootsFor lock system;
+      devRoots = nixLib.lock.devRootsFor lock system;
       names = builtins.attrNames packages;
+      stackClosure = nixLib.graph.closure packages roots;
     in
     {
       count = builtins.length names;
-      inherit roots;
-      rootsMissing = builtins.filter (r: !(packages ? ${r})) roots;
-      # Every locked package is reachable from the roots: nothing extra gets built.
-      unreachable = builtins.filter (n: !(builtins.elem n (nixLib.graph.closure packages roots))) names;
+      inherit roots devRoots;
+      rootsMissing = builtins.filter (r: !(packages ? ${r})) (roots ++ devRoots);
+      # Every locked package is reachable from the roots or the dev group: nothing extra gets built.
+      unreachable = builtins.filter (
+        n: !(builtins.elem n (nixLib.graph.closure packages (roots ++ devRoots)))
+      ) names;
+      # `dev` marks exactly what the stack's roots do not reach (the dev shell's additions).
+      dev = builtins.filter (n: packages.${n}.dev) names;
+      devMismatch = builtins.filter (n: packages.${n}.dev == builtins.elem n stackClosure) names;
+      unfree = nixLib.license.unfreeNames packages;
       missing = nixLib.graph.missingDependencies packages;
       cyclic = nixLib.graph.cyclic packages;
       # Files whose fetchPypi arguments would ask for another name.

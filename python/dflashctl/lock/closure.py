@@ -5,7 +5,7 @@ following extras through `optional-dependencies` (torch needs cuda-toolkit[cubla
 """
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import unquote
 
@@ -22,6 +22,7 @@ class Closure:
     urls: dict[str, str]  # canonical name -> download URL (memory only, never written)
     roots: list[str]
     problems: list[str]  # contract-level faults found while walking (no wheel, two versions)
+    dev_roots: list[str] = field(default_factory=list)  # the spec's dev group
 
 
 def file_name(url: str) -> str:
@@ -74,16 +75,16 @@ def closure(uv_lock: dict, spec: Spec, system: str) -> Closure:
         queue.append((target, frozenset(dep.get("extra", []))))
         return canonical_name(target["name"])
 
-    roots = []
-    for dep in (project or {}).get("dependencies", []):
-        if _applies(dep.get("marker"), env):
-            roots.append(visit(dep, "the spec"))
-    while queue:
+    def walk():
+        while queue:
+            step()
+
+    def step():
         pkg, wanted = queue.popleft()
         key = (canonical_name(pkg["name"]), pkg["version"])
         new_extras = wanted - extras.get(key, set())
         if key in reached and not new_extras:
-            continue
+            return
         first = key not in reached
         reached[key] = pkg
         extras.setdefault(key, set()).update(wanted)
@@ -95,6 +96,17 @@ def closure(uv_lock: dict, spec: Spec, system: str) -> Closure:
                 name = visit(dep, key[0])
                 if name:
                     deps.setdefault(key, set()).add(name)
+
+    project = project or {}
+    roots = [visit(dep, "the spec") for dep in project.get("dependencies", [])
+             if _applies(dep.get("marker"), env)]
+    walk()
+    runtime = set(reached)
+    # The dev group is walked after the stack: what only it reaches is marked dev.
+    dev_roots = [visit(dep, "the spec's dev group")
+                 for dep in project.get("dev-dependencies", {}).get("dev", [])
+                 if _applies(dep.get("marker"), env)]
+    walk()
 
     versions: dict[str, list[str]] = {}
     for name, version in reached:
@@ -117,6 +129,8 @@ def closure(uv_lock: dict, spec: Spec, system: str) -> Closure:
         w = wheels[chosen]
         packages[name] = LockedWheel(name, version, chosen, int(w["size"]),
                                      w["hash"].removeprefix("sha256:"),
-                                     tuple(sorted(deps.get((name, version), ()))))
+                                     tuple(sorted(deps.get((name, version), ()))),
+                                     dev=(name, version) not in runtime)
         urls[name] = w["url"]
-    return Closure(packages, urls, sorted(r for r in roots if r), problems)
+    return Closure(packages, urls, sorted(r for r in roots if r), problems,
+                   sorted(r for r in dev_roots if r))

@@ -5,24 +5,26 @@
     dflashctl lock --diff OLD NEW  what changed between two lock files
 """
 
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
 from dflashctl.errors import FAILED, DflashError
-from dflashctl.lock import contract, lockdiff, lockfile, resolver
+from dflashctl.lock import contract, licenses, lockdiff, lockfile, resolver
 from dflashctl.lock import spec as specmod
 from dflashctl.lock.closure import closure
 from dflashctl.lock.lockfile import Lock
 
 
-def lock_from_uv(uv_lock: dict, spec: specmod.Spec, torch_requires) -> Lock:
+def lock_from_uv(uv_lock: dict, spec: specmod.Spec, torch_requires, licenses) -> Lock:
     """Build and contract-check the Lock from a parsed uv.lock.
 
-    `torch_requires(system, url) -> list[str]` gives the chosen torch wheel's Requires-Dist
-    (the network in real runs, captured metadata in tests). Raises one DflashError listing every
-    broken rule; never returns a lock that breaks the contract.
+    `torch_requires(system, url) -> list[str]` gives the chosen torch wheel's Requires-Dist and
+    `licenses({file: url}) -> {file: spdx}` every chosen wheel's licence (the network in real
+    runs, captured metadata in tests). Raises one DflashError listing every broken rule; never
+    returns a lock that breaks the contract.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -41,12 +43,26 @@ def lock_from_uv(uv_lock: dict, spec: specmod.Spec, torch_requires) -> Lock:
             "".join(f"\n  - {p}" for p in problems),
             "change the pins in nix/stack.toml (or the [contract] table, if the new versions are "
             "meant) and run `dflashctl lock` again; the lock was not written")
-    return Lock(spec.sha256, spec.python, spec.exclude_newer, list(spec.requirements),
-                {s: c.packages for s, c in closures.items()},
-                {s: c.roots for s, c in closures.items()})
+    urls = {c.packages[n].file: url for c in closures.values() for n, url in c.urls.items()}
+    found = licenses(urls)
+    systems = {s: {n: dataclasses.replace(w, license=found[w.file]) for n, w in c.packages.items()}
+               for s, c in closures.items()}
+    return Lock(spec.sha256, spec.python, spec.exclude_newer, list(spec.requirements), systems,
+                {s: c.roots for s, c in closures.items()},
+                {s: c.dev_roots for s, c in closures.items()})
 
 
-def resolve(spec: specmod.Spec, quiet: bool = False) -> Lock:
+def known_licenses(path) -> dict[str, str]:
+    """file -> licence from an existing lock: a published wheel never changes, so neither does its
+    metadata; only new files are read from the index."""
+    try:
+        lock = lockfile.load(path)
+    except DflashError:
+        return {}
+    return {w.file: w.license for pkgs in lock.systems.values() for w in pkgs.values() if w.license}
+
+
+def resolve(spec: specmod.Spec, quiet: bool = False, known: dict[str, str] | None = None) -> Lock:
     import tomllib
     from concurrent.futures import ThreadPoolExecutor
 
@@ -59,12 +75,24 @@ def resolve(spec: specmod.Spec, quiet: bool = False) -> Lock:
         def torch_requires(system, url):
             return (fetched.get(url) or pool.submit(resolver.requires_dist, url)).result()
 
-        return lock_from_uv(tomllib.loads(text), spec, torch_requires)
+        def read_licenses(urls):
+            found = {f: (known or {})[f] for f in urls if f in (known or {})}
+            new = {f: u for f, u in urls.items() if f not in found}
+            return {**found, **(licenses.fetch(new, quiet) if new else {})}
+
+        return lock_from_uv(tomllib.loads(text), spec, torch_requires, read_licenses)
 
 
 def summary(lock: Lock) -> dict:
-    return {s: {"packages": len(p), "download_bytes": sum(w.size for w in p.values())}
-            for s, p in sorted(lock.systems.items())}
+    out = {}
+    for s in sorted(lock.systems):
+        stack, everything = lock.packages(s), lock.packages(s, dev=True)
+        out[s] = {"packages": len(stack), "dev_packages": len(everything) - len(stack),
+                  "download_bytes": sum(w.size for w in everything.values()),
+                  "unfree": sorted(n for n, w in everything.items() if licenses.is_unfree(w.license)),
+                  "unknown_license": sorted(n for n, w in everything.items()
+                                            if w.license == licenses.UNKNOWN)}
+    return out
 
 
 def _cmd_diff(args) -> int:
@@ -77,7 +105,7 @@ def _cmd_diff(args) -> int:
 def _cmd_check(args, spec: specmod.Spec) -> int:
     committed_text = _read(args.lock)
     committed = lockfile.parse(_json(committed_text, args.lock), str(args.lock))
-    fresh = resolve(spec, args.quiet)
+    fresh = resolve(spec, args.quiet, known_licenses(args.lock))
     changes = lockdiff.diff(committed, fresh)
     hand_formatted = not changes and committed_text != fresh.dumps()
     if args.json:
@@ -130,7 +158,7 @@ def run(args) -> int:
     if args.check:
         return _cmd_check(args, spec)
     start = time.monotonic()
-    lock = resolve(spec, args.quiet)
+    lock = resolve(spec, args.quiet, known_licenses(args.lock))
     text = lock.dumps()
     old = Path(args.lock).read_text() if Path(args.lock).exists() else None
     if text != old:
@@ -142,8 +170,14 @@ def run(args) -> int:
                           "systems": info}, indent=2))
     else:
         for system, s in info.items():
-            print(f"{system}: {s['packages']} packages, {s['download_bytes'] / 2**30:.2f} GiB of wheels")
+            print(f"{system}: {s['packages']} packages + {s['dev_packages']} for the dev shell, "
+                  f"{s['download_bytes'] / 2**30:.2f} GiB of wheels, {len(s['unfree'])} unfree"
+                  + (f", licence unknown: {', '.join(s['unknown_license'])}"
+                     if s["unknown_license"] else ""))
         print(f"{'wrote' if text != old else 'unchanged:'} {args.lock} ({wall:.1f} s)")
+        if text != old:
+            print("next: `dflashctl audit` checks the new wheels against the Nix build "
+                  "(libraries, fix-ups, collisions) before a host builds them")
     return 0
 
 

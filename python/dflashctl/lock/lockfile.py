@@ -17,9 +17,12 @@ Schema (version 1), keys sorted, written by `dflashctl lock`, read by Nix (`nix/
               "file": "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl",
               "size": 530712279,
               "sha256": "<64 hex>",
-              "dependencies": ["cuda-bindings", ...]      # canonical names, markers evaluated
-            }
-          }
+              "dependencies": ["cuda-bindings", ...],     # canonical names, markers evaluated
+              "license": "BSD-3-Clause"                   # SPDX expression from the wheel's metadata
+            },                                            #   (lock/licenses.py); Nix maps it to meta.license
+            "pytest": {..., "dev": true}                  # reached only from the dev group
+          },
+          "dev_roots": ["pytest"]                         # canonical names of [dependency-groups] dev
         }
       }
     }
@@ -55,6 +58,8 @@ class LockedWheel:
     size: int
     sha256: str
     dependencies: tuple[str, ...] = field(default_factory=tuple)
+    license: str = ""  # SPDX expression (LicenseRef-... where the metadata names none)
+    dev: bool = False  # in the dev shell only: not in dflash-env, not exported
 
 
 @dataclass
@@ -65,15 +70,17 @@ class Lock:
     requirements: list[str]
     systems: dict[str, dict[str, LockedWheel]]  # system -> canonical name -> wheel
     roots: dict[str, list[str]]  # system -> top-level canonical names
+    dev_roots: dict[str, list[str]] = field(default_factory=dict)  # system -> the dev group's names
 
-    def packages(self, system: str) -> dict[str, LockedWheel]:
+    def packages(self, system: str, dev: bool = False) -> dict[str, LockedWheel]:
+        """One system's stack (what dflash-env holds); with `dev`, the dev shell's set too."""
         if system not in self.systems:
             raise DflashError(
                 f"the lock has no entry for system {system!r}",
                 f"it covers {', '.join(sorted(self.systems)) or 'no system'}",
                 "add the system to `systems` in nix/stack.toml and run `dflashctl lock`",
             )
-        return self.systems[system]
+        return {n: w for n, w in self.systems[system].items() if dev or not w.dev}
 
     def to_json(self) -> dict:
         return {
@@ -85,6 +92,7 @@ class Lock:
             "systems": {
                 system: {
                     "roots": sorted(self.roots.get(system, [])),
+                    "dev_roots": sorted(self.dev_roots.get(system, [])),
                     "packages": {
                         name: {
                             "version": w.version,
@@ -92,6 +100,8 @@ class Lock:
                             "size": w.size,
                             "sha256": w.sha256,
                             "dependencies": sorted(w.dependencies),
+                            "license": w.license,
+                            **({"dev": True} if w.dev else {}),
                         }
                         for name, w in sorted(pkgs.items())
                     },
@@ -115,7 +125,7 @@ def parse(data: dict, origin: str = "lock") -> Lock:
     if not isinstance(data, dict) or data.get("version") != LOCK_VERSION:
         raise bad(f"expected an object with \"version\": {LOCK_VERSION}")
     try:
-        systems, roots = {}, {}
+        systems, roots, dev_roots = {}, {}, {}
         for system, body in data["systems"].items():
             pkgs = {}
             for name, p in body["packages"].items():
@@ -124,11 +134,13 @@ def parse(data: dict, origin: str = "lock") -> Lock:
                 if not p["file"].endswith(".whl"):
                     raise bad(f"{system}/{name}: {p['file']} is not a wheel")
                 pkgs[name] = LockedWheel(name, p["version"], p["file"], int(p["size"]), p["sha256"],
-                                         tuple(p["dependencies"]))
+                                         tuple(p["dependencies"]), str(p.get("license", "")),
+                                         bool(p.get("dev", False)))
             systems[system] = pkgs
             roots[system] = list(body.get("roots", []))
+            dev_roots[system] = list(body.get("dev_roots", []))
         return Lock(data["spec_sha256"], data["python"], data["exclude_newer"],
-                    list(data["requirements"]), systems, roots)
+                    list(data["requirements"]), systems, roots, dev_roots)
     except (KeyError, TypeError, AttributeError) as e:
         raise bad(f"missing or mistyped field {e}") from None
 

@@ -54,6 +54,8 @@ def project_toml(spec: Spec) -> str:
         'version = "0"',
         f"requires-python = {q(_python_range(spec.python))}",
         f"dependencies = [{', '.join(q(r) for r in spec.requirements)}]",
+        "[dependency-groups]",
+        f"dev = [{', '.join(q(r) for r in spec.dev_requirements)}]",
         "[tool.uv]",
         "package = false",
         f"environments = {envs}",
@@ -158,17 +160,9 @@ def wheel_urls(uv_lock_text: str, name: str, python: str) -> list[str]:
 
 
 def requires_dist(url: str, timeout: float = 60) -> list[str]:
-    """A wheel's Requires-Dist lines from the index's PEP 658 metadata file (a few KiB)."""
-    import urllib.error
-    import urllib.request
-    try:
-        with urllib.request.urlopen(url + ".metadata", timeout=timeout) as r:
-            text = r.read().decode()
-    except (urllib.error.URLError, OSError) as e:
-        name = url.rsplit("/", 1)[-1]
-        raise DflashError(f"could not read the metadata of {name}", str(e),
-                          "check the connection to the package index and run `dflashctl lock` again"
-                          " (nothing was written)") from None
+    """A wheel's Requires-Dist lines, from its METADATA."""
+    from dflashctl.lock.wheelfetch import metadata_text
+    text = metadata_text(url, timeout=timeout)
     head = text.split("\n\n", 1)[0]  # headers end at the first blank line; the body is the README
     return [line.split(":", 1)[1].strip() for line in head.splitlines()
             if line.startswith("Requires-Dist:")]

@@ -34,6 +34,9 @@ class Spec:
     requirements: tuple[str, ...]
     contract: Contract = field(default_factory=Contract)
     sha256: str = ""  # of the file's bytes; Nix checks it with builtins.hashFile
+    # [dependency-groups] dev: the dev shell's tools (pytest), resolved with the stack so they
+    # share its versions, kept out of dflash-env and `dflashctl export`.
+    dev_requirements: tuple[str, ...] = ()
 
     def roots(self, marker_env: dict) -> list[str]:
         """Canonical names of the requirements that apply under `marker_env`."""
@@ -81,15 +84,20 @@ def parse(data: bytes, path="stack.toml") -> Spec:
         raise _bad(path, f"`exclude-newer` must be a UTC time like \"2026-05-08T00:00:00Z\", "
                          f"not {exclude_newer!r}") from None
     requirements = need("requirements", list)
-    names = set()
-    for r in requirements:
-        try:
-            name = canonical_name(Requirement(r).name)
-        except (InvalidRequirement, TypeError) as e:
-            raise _bad(path, f"requirement {r!r} is not PEP 508: {e}") from None
-        if name in names:
-            raise _bad(path, f"{name} is listed twice in `requirements`")
-        names.add(name)
+    groups = doc.get("dependency-groups", {})
+    if not isinstance(groups, dict) or set(groups) - {"dev"}:
+        raise _bad(path, "`dependency-groups` must be a table with one key, `dev`")
+    dev_requirements = need("dev", list, groups, "dependency-groups.") if "dev" in groups else []
+    for key, reqs in (("requirements", requirements), ("dependency-groups.dev", dev_requirements)):
+        names = set()
+        for r in reqs:
+            try:
+                name = canonical_name(Requirement(r).name)
+            except (InvalidRequirement, TypeError) as e:
+                raise _bad(path, f"requirement {r!r} is not PEP 508: {e}") from None
+            if name in names:
+                raise _bad(path, f"{name} is listed twice in `{key}`")
+            names.add(name)
     c = doc.get("contract", {})
     if not isinstance(c, dict):
         raise _bad(path, "`contract` must be a table")
@@ -103,7 +111,7 @@ def parse(data: bytes, path="stack.toml") -> Spec:
                         tuple(canonical_name(n) for n in need("required", list, c, "contract."))
                         if "required" in c else ())
     return Spec(python, tuple(systems), (int(m[1]), int(m[2])), exclude_newer, tuple(requirements),
-                contract, hashlib.sha256(data).hexdigest())
+                contract, hashlib.sha256(data).hexdigest(), tuple(dev_requirements))
 
 
 def load(path: Path | str) -> Spec:
