@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dflashctl.errors import FAILED, PREFLIGHT_SGLANG, USAGE, DflashError
+from dflashctl.errors import FAILED, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE, DflashError
 from dflashctl.service import sglang_features
 from dflashctl.smoke import loadgen, synthetic
 from dflashctl.smoke.report import RunResult, summarise, table
@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     spec.add_argument("--num-draft-tokens", type=int,
                       help="DFlash block size (default 16 for the synthetic pair, the drafter's own otherwise)")
     spec.add_argument("--ddtree-budget", type=int, help="DDTREE tree budget (default: SGLang's)")
+    spec.add_argument("--require-lossless", action="store_true",
+                      help="fail (exit 4) when a speculative run's greedy outputs differ from the baseline's "
+                           "(always so for the synthetic pair; a warning otherwise)")
     spec.add_argument("--attention-backend",
                       help="attention backend of target and drafter (default triton for the synthetic "
                            "pair: no kernel download or JIT; SGLang's choice otherwise)")
@@ -118,6 +121,10 @@ def _check_args(a) -> None:
                      "--draft-model z-lab/Qwen3-8B-DFlash-b16")
     if a.baseline_url and not a.url:
         raise _usage("--baseline-url needs --url", "pass the speculative service's --url too")
+    if a.require_lossless and (a.url and not a.baseline_url or not a.url and a.runs != "auto"
+                               and "baseline" not in a.runs.lower()):
+        raise _usage("--require-lossless needs a baseline to compare with",
+                     "add baseline to --runs (or --baseline-url with --url)")
     for name in ("requests", "sequential_requests", "max_new_tokens", "input_len"):
         if getattr(a, name) < (0 if name == "sequential_requests" else 1):
             raise _usage(f"--{name.replace('_', '-')} {getattr(a, name)} is too small", "use a positive number")
@@ -203,11 +210,11 @@ def run(a) -> int:
             work = Path(a.work_dir).resolve() if a.work_dir else Path(tempfile.mkdtemp(prefix="dflash-smoke-"))
             results, plan = _run_local(a, phases, t0, work)
         phases["total"] = time.monotonic() - t0
-        result = summarise(results, plan.settings, phases, plan.synthetic)
+        result = summarise(results, plan.settings, phases, plan.synthetic, a.require_lossless)
         print(table(result), file=sys.stderr if a.json == "-" else sys.stdout)
         _write_json(a.json, result)
         ok = result["ok"]
-        return 0 if ok else FAILED
+        return 0 if ok else _exit_code(result)
     except DflashError as e:
         # A result file must never be a stale one from an earlier run, nor missing for a machine
         # that reads it: the error goes into it, with the exit code the command ends with.
@@ -222,6 +229,12 @@ def run(a) -> int:
                 shutil.rmtree(work, ignore_errors=True)
             else:
                 say(f"kept {work} (models, server logs) for a look")
+
+
+def _exit_code(result: dict) -> int:
+    """NOT_LOSSLESS when differing outputs are all that failed; FAILED when anything else did."""
+    only_lossless = result["lossless_failures"] and len(result["lossless_failures"]) == len(result["failures"])
+    return NOT_LOSSLESS if only_lossless else FAILED
 
 
 def _write_json(dest: str | None, result: dict) -> None:
