@@ -89,8 +89,9 @@ def test_default_smoke_measures_every_run_and_compares_with_baseline(tmp_path):
     assert base["phases"]["concurrent"]["speedup"] is None
     # the table: a row per run, and the plain warning about random weights
     lines = p.stdout.splitlines()
-    assert lines[0].split()[:3] == ["run", "start", "s"]
-    assert [line.split()[0] for line in lines[2:5]] == ["baseline", "DFLASH", "DDTREE"]
+    assert lines[0].startswith("measured on ")  # which host and stack (test_smoke_identity.py)
+    assert lines[1].split()[:3] == ["run", "start", "s"]
+    assert [line.split()[0] for line in lines[3:6]] == ["baseline", "DFLASH", "DDTREE"]
     assert "not a quality or speed-up figure" in p.stdout
     assert "[smoke] starting" in p.stderr or "ready after" in p.stderr  # progress on stderr
 

@@ -58,6 +58,7 @@ def compare_with_lock(packages: dict, lock_path: Path, python_version: str) -> d
     installed = {lockfile.canonical_name(n): p["version"] for n, p in packages.items()}
     return {
         "path": str(lock_path), "system": current_system(), "python": lock.python,
+        "spec_sha256": lock.spec_sha256,
         "python_matches": ".".join(python_version.split(".")[:2]) == lock.python,
         "missing": {n: w.version for n, w in sorted(locked.items()) if n not in installed},
         "extra": {n: v for n, v in sorted(installed.items()) if n not in locked and n not in TOOLING},
@@ -149,7 +150,8 @@ def build(python: str = sys.executable, lock_path: Path | str = lockfile.DEFAULT
 
 
 def load(path: Path | str) -> dict:
-    """A saved fingerprint, refused with a clear reason when it is not one."""
+    """A saved fingerprint, refused with a clear reason when it is not one. A `dflashctl smoke`
+    result carries the fingerprint of the host it measured (identity.fingerprint): that one."""
     import json
     path = Path(path)
     try:
@@ -160,6 +162,12 @@ def load(path: Path | str) -> dict:
     except (OSError, ValueError) as e:
         raise DflashError(f"{path} is not a readable fingerprint", str(e),
                           "save one with `dflashctl doctor --save FILE`") from None
+    if isinstance(data, dict) and isinstance(data.get("identity"), dict):  # a smoke result
+        if not data["identity"].get("fingerprint"):
+            why = "; ".join(sorted(set(data["identity"].get("unknown", {}).values()))) or "none was kept"
+            raise DflashError(f"the smoke result {path} carries no fingerprint", why,
+                              "compare results of `dflashctl smoke` that started its servers on the host")
+        data = data["identity"]["fingerprint"]
     if not isinstance(data, dict) or data.get("fingerprint_version") != FINGERPRINT_VERSION:
         raise DflashError(f"{path} is not a dflashctl fingerprint (version {FINGERPRINT_VERSION})",
                           "the field fingerprint_version is missing or different",

@@ -6,7 +6,7 @@ Pure data in, data out: tests feed it what the real client measured against reco
 import statistics
 from dataclasses import dataclass, field
 
-from dflashctl.smoke import lossless
+from dflashctl.smoke import identity, lossless
 from dflashctl.smoke.loadgen import PhaseResult
 
 RANDOM_WEIGHTS_NOTE = ("The synthetic models have random weights: the drafter guesses at random, so "
@@ -153,6 +153,8 @@ def table(result: dict) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if result.get("identity"):
+        lines.insert(0, identity.line(result["identity"]))
     s = result["settings"]
     lines.append("")
     lines.append(f"{s.get('requests')} prompts x {s.get('max_new_tokens')} new tokens, greedy, ignore_eos; "

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from dflashctl.errors import FAILED, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE, DflashError
 from dflashctl.service import sglang_features
-from dflashctl.smoke import loadgen, synthetic
+from dflashctl import __version__
+from dflashctl.lock import lockfile
+from dflashctl.smoke import identity, loadgen, synthetic
 from dflashctl.smoke.report import RunResult, summarise, table
 from dflashctl.smoke.servers import SPECULATIVE, Fleet, first_start_note, say, start_server, stop_all
 # /server_info fields kept in the result (the whole answer holds every server argument).
@@ -91,6 +93,9 @@ def register(subparsers) -> None:
                                                       "when a run or a server fails: {\"ok\": false, \"failures\": [...]}, "
                                                       "plus \"error\" when a server or the setup failed")
     out.add_argument("--work-dir", help="keep models and server logs here (default: a temp dir, removed)")
+    out.add_argument("--lock", default=str(lockfile.DEFAULT_LOCK),
+                     help="lock whose packages the measured environment is compared with, as doctor does "
+                          "(%(default)s)")
     out.add_argument("--record", metavar="DIR", help="save every response in DIR (replayable by the tests)")
     p.set_defaults(func=run)
 
@@ -206,11 +211,16 @@ def run(a) -> int:
     try:
         if a.url:
             results, plan = _run_url(a, phases)
+            ident = identity.unknown("--url: the service's host was not probed", dflashctl=__version__,
+                                     sglang=results[0].server_info.get("version") if results else None)
         else:
             work = Path(a.work_dir).resolve() if a.work_dir else Path(tempfile.mkdtemp(prefix="dflash-smoke-"))
+            probe = identity.Probe(a.python, a.lock)  # in the background, while the servers start
             results, plan = _run_local(a, phases, t0, work)
+            ident = probe.identity()
         phases["total"] = time.monotonic() - t0
         result = summarise(results, plan.settings, phases, plan.synthetic, a.require_lossless)
+        result["identity"] = ident
         print(table(result), file=sys.stderr if a.json == "-" else sys.stdout)
         _write_json(a.json, result)
         ok = result["ok"]
