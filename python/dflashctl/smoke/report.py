@@ -6,7 +6,7 @@ Pure data in, data out: tests feed it what the real client measured against reco
 import statistics
 from dataclasses import dataclass, field
 
-from dflashctl.smoke import identity, lossless
+from dflashctl.smoke import identity, lossless, startup
 from dflashctl.smoke.loadgen import PhaseResult
 
 RANDOM_WEIGHTS_NOTE = ("The synthetic models have random weights: the drafter guesses at random, so "
@@ -26,6 +26,7 @@ class RunResult:
     server_info: dict = field(default_factory=dict)  # the few fields we keep from /server_info
     log: str | None = None
     measured_while_starting: list[str] = field(default_factory=list)  # servers still starting meanwhile
+    startup: dict | None = None  # where its start-up time went (startup.phases); None for --url
 
 
 def _phase_stats(p: PhaseResult) -> dict:
@@ -103,6 +104,7 @@ def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: 
             "log": run.log,
             "measured_while_starting": run.measured_while_starting,
             "lossless": same,
+            "startup": run.startup,
             "ok": not fails,
         })
     return {
@@ -165,6 +167,7 @@ def table(result: dict) -> str:
             lines.append(f"{run['name']} was measured while {', '.join(run['measured_while_starting'])} "
                          "still started on the same GPU (--wait-all measures on a quiet GPU).")
     lines += ["lossless: " + lossless.describe(run["name"], run["lossless"]) for run in result["runs"] if run.get("lossless")]
+    lines += startup.lines(result)
     if result.get("note"):
         lines.append(result["note"])
     if result["phases_s"]:

@@ -20,7 +20,7 @@ from dflashctl.errors import FAILED, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE, Dfla
 from dflashctl.service import sglang_features
 from dflashctl import __version__
 from dflashctl.lock import lockfile
-from dflashctl.smoke import identity, loadgen, synthetic
+from dflashctl.smoke import identity, loadgen, startup, synthetic
 from dflashctl.smoke.report import RunResult, summarise, table
 from dflashctl.smoke.servers import SPECULATIVE, Fleet, first_start_note, say, start_server, stop_all
 # /server_info fields kept in the result (the whole answer holds every server argument).
@@ -97,6 +97,8 @@ def register(subparsers) -> None:
                      help="lock whose packages the measured environment is compared with, as doctor does "
                           "(%(default)s)")
     out.add_argument("--record", metavar="DIR", help="save every response in DIR (replayable by the tests)")
+    out.add_argument("--keep-logs", metavar="DIR", help="copy each server's full SGLang log to DIR/<run>.log "
+                                                        "(also when smoke fails)")
     p.set_defaults(func=run)
 
 
@@ -109,6 +111,7 @@ class Plan:
     launch: str
     prompts: list  # token-id lists or texts
     settings: dict
+    jit_compiled: dict | None = None  # what the JIT caches gained while the servers started
 
 
 def _usage(what: str, fix: str) -> DflashError:
@@ -221,6 +224,7 @@ def run(a) -> int:
         phases["total"] = time.monotonic() - t0
         result = summarise(results, plan.settings, phases, plan.synthetic, a.require_lossless)
         result["identity"] = ident
+        result["jit_compiled"] = plan.jit_compiled
         print(table(result), file=sys.stderr if a.json == "-" else sys.stdout)
         _write_json(a.json, result)
         ok = result["ok"]
@@ -325,6 +329,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
             say(note)
 
         results = []
+        jit_since = time.time()
         groups = [runs] if launch == "together" else [[r] for r in runs]
         for group in groups:
             t = time.monotonic()
@@ -338,15 +343,51 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
                 busy = [o.run for o in fleet.started if o.startup_s is None]
                 t_m = time.monotonic()
                 result = measure(s.run, s.cfg.speculative.algorithm, loadgen.Endpoint(s.cfg.base_url), plan,
-                                 a, watch=fleet.check, startup_s=s.startup_s,
-                                 log=str(s.server.log_path) if a.work_dir else None)
+                                 a, watch=fleet.check, startup_s=s.startup_s, log=_log_kept(a, s))
                 result.measured_while_starting = busy
+                result.startup = _startup_of(s)
                 results.append(result)
                 phases[f"measure {s.run}"] = time.monotonic() - t_m
             if launch == "sequential":
                 stop_all(fleet.started)
         results.sort(key=lambda r: runs.index(r.name))
+        plan.jit_compiled = startup.compiled_since(startup.jit_caches(triton_cache=_triton_cache_of(started)),
+                                                   jit_since)
         phases["start to table"] = time.monotonic() - t0
         return results, plan
     finally:
         stop_all(started)  # also a dead leader: its group may hold helpers
+        _keep_logs(a, started)
+
+
+def _startup_of(s) -> dict | None:
+    """Where this server's start-up went, from its own log (startup.py)."""
+    try:
+        text = s.server.log_path.read_text(errors="replace")
+    except OSError:
+        return None
+    return startup.phases(text, s.launched, s.startup_s)
+
+
+def _triton_cache_of(started) -> str | None:
+    return started[0].cfg.environment.get("TRITON_CACHE_DIR") if started else None
+
+
+def _log_kept(a, s) -> str | None:
+    if a.keep_logs:
+        return str(Path(a.keep_logs).resolve() / f"{s.run}.log")
+    return str(s.server.log_path) if a.work_dir else None
+
+
+def _keep_logs(a, started) -> None:
+    """Copy each server's full log to --keep-logs DIR (a failed start is when it matters most)."""
+    if not a.keep_logs or not started:
+        return
+    dest = Path(a.keep_logs)
+    dest.mkdir(parents=True, exist_ok=True)
+    for s in started:
+        try:
+            shutil.copyfile(s.server.log_path, dest / f"{s.run}.log")
+        except OSError as e:
+            say(f"could not keep the {s.run} log: {e}")
+    say(f"server logs kept in {dest}")

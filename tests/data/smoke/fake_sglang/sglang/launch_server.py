@@ -14,9 +14,13 @@ FAKE_SGLANG_READY_AFTER=S    /health_generate answers 503 for S seconds (default
                              FAKE_SGLANG_READY_AFTER_<RUN> for one run
 FAKE_SGLANG_HELPER_PIDFILE   where the forked helper writes its pid (tests check it is gone)
 FAKE_SGLANG_API_KEY=KEY      answer 401 unless `Authorization: Bearer KEY` (as --api-key does)
+
+It logs SGLang's own start-up markers (with milliseconds under SGLANG_LOG_MS=1, as SGLang does),
+spread over the FAKE_SGLANG_READY_AFTER seconds, so smoke's start-up phases have lines to read.
 """
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -48,6 +52,32 @@ count_lock = threading.Lock()
 
 def log(msg):
     print(f"[fake sglang {run}] {msg}", flush=True)
+
+
+def sglang_log(msg):
+    """A line as SGLang 0.5.11's configure_logger formats it."""
+    now = datetime.datetime.now()
+    ms = f".{now.microsecond // 1000:03d}" if os.environ.get("SGLANG_LOG_MS") == "1" else ""
+    print(f"[{now:%Y-%m-%d %H:%M:%S}{ms}] {msg}", flush=True)
+
+
+def start_up_lines():
+    """SGLang's markers, in its order: imports done, each model loads, each runner captures."""
+    step = max(0.0, READY_AT - time.monotonic()) / 8
+    models = ["Qwen3ForCausalLM"] + (["DFlashDraftModel"] if run != "baseline" else [])
+    sglang_log(f"server_args=ServerArgs(model_path={args.model_path!r}, port={args.port})")
+    time.sleep(step)
+    sglang_log("Init torch distributed begin.")
+    for m in models:
+        time.sleep(step)
+        sglang_log("Load weight begin. avail mem=139.21 GB")
+        time.sleep(step / 2)
+        sglang_log(f"Load weight end. elapsed={step / 2:.2f} s, type={m}, avail mem=138.90 GB, mem usage=0.31 GB.")
+    for _ in models:
+        time.sleep(step / 2)
+        sglang_log("Capture cuda graph begin. This can take up to several minutes. avail mem=137.00 GB")
+        time.sleep(step / 2)
+        sglang_log(f"Capture cuda graph end. Time elapsed: {step / 2:.2f} s. mem usage=0.10 GB. avail mem=136.90 GB.")
 
 
 log(f"server_args: {' '.join(sys.argv[1:])}")
@@ -161,4 +191,13 @@ def _die():
 server = ThreadingHTTPServer((args.host, args.port), Handler)
 server.daemon_threads = True
 log(f"Uvicorn running on http://{args.host}:{args.port}")
+
+
+def announce():
+    start_up_lines()
+    time.sleep(max(0.0, READY_AT - time.monotonic()))
+    sglang_log("The server is fired up and ready to roll!")
+
+
+threading.Thread(target=announce, daemon=True).start()
 server.serve_forever()
