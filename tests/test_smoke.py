@@ -51,6 +51,7 @@ def env_for(recs: Path, fake: Path = FAKE, **extra) -> dict:
 
 def smoke(tmp_path, *args, recs=None, fake=FAKE, timeout=60, **extra):
     recs = recs or recordings(tmp_path)
+    extra.setdefault("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm-ffi"))  # the stand-in's JIT "compiles" there
     cmd = [sys.executable, "-m", "dflashctl", "smoke", *LOAD_ARGS, "--triton-cache", str(tmp_path / "triton"),
            *args]
     return subprocess.run(cmd, env=env_for(recs, fake, **extra), capture_output=True, text=True,
@@ -287,6 +288,7 @@ def test_server_dying_mid_run_stops_smoke_and_its_helpers(tmp_path):
 
 
 def start_fake(tmp_path, run: str, recs: Path, **extra):
+    extra.setdefault("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm-ffi"))
     port = _free_port()
     argv = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), "--model-path", "m"]
     if run != "baseline":

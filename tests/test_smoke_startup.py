@@ -104,3 +104,40 @@ def test_failed_start_still_keeps_the_log(tmp_path):
     p = smoke(tmp_path, "--runs", "DFLASH", "--keep-logs", "logs", FAKE_SGLANG_DIE="start")
     assert p.returncode != 0
     assert "replayed failure" in (tmp_path / "logs" / "DFLASH.log").read_text()
+
+
+def test_jit_prewarm_builds_the_kernels_before_the_servers_need_them(tmp_path):
+    """The helper calls SGLang's loaders in the servers' environment: the servers' first capture
+    finds every module built (the stand-in's jit_kernel compiles into TVM_FFI_CACHE_DIR)."""
+    p = smoke(tmp_path, "--runs", "baseline,DFLASH", "--keep-logs", "logs", "--json", "result.json",
+              FAKE_SGLANG_READY_AFTER="2")
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    pre = result["jit_prewarm"]
+    assert pre["enabled"] and pre["ok"] and len(pre["calls"]) == 6 and result["settings"]["jit_prewarm"]
+    assert result["jit_compiled"]["tvm-ffi"]["compiled"] == 6
+    for run in ("baseline", "DFLASH"):
+        assert "JIT at first use: built 0, found 4 in the cache" in (tmp_path / "logs" / f"{run}.log").read_text()
+    assert "JIT prewarm: 6/6 kernel modules ready" in p.stdout
+
+
+def test_without_prewarm_the_servers_compile_at_first_use(tmp_path):
+    p = smoke(tmp_path, "--runs", "DFLASH", "--no-jit-prewarm", "--keep-logs", "logs", "--json", "result.json")
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["jit_prewarm"] == {"enabled": False, "reason": "--no-jit-prewarm"}
+    assert result["settings"]["jit_prewarm"] is False
+    assert "JIT at first use: built 4, found 0" in (tmp_path / "logs" / "DFLASH.log").read_text()
+    assert result["jit_compiled"]["tvm-ffi"]["compiled"] == 4
+    assert "JIT prewarm: off (--no-jit-prewarm)" in p.stdout
+
+
+def test_prewarm_calls_follow_the_model_shapes():
+    from dflashctl.smoke import jit_prewarm, synthetic
+    calls = jit_prewarm.calls_for(synthetic.target_config(synthetic.PairShape()))
+    assert ["sglang.jit_kernel.norm", "can_use_fused_inplace_qknorm", [64, "torch.bfloat16"]] in calls
+    assert ["sglang.jit_kernel.kvcache", "can_use_store_cache", [8 * 64 * 2]] in calls
+    qwen3_8b = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "torch_dtype": "bfloat16"}
+    assert ["sglang.jit_kernel.rope", "_jit_fused_rope_module", [True, 128, "torch.bfloat16"]] in \
+        jit_prewarm.calls_for(qwen3_8b)

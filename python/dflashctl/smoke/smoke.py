@@ -20,7 +20,7 @@ from dflashctl.errors import FAILED, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE, Dfla
 from dflashctl.service import sglang_features
 from dflashctl import __version__
 from dflashctl.lock import lockfile
-from dflashctl.smoke import identity, loadgen, startup, synthetic
+from dflashctl.smoke import identity, jit_prewarm, loadgen, startup, synthetic
 from dflashctl.smoke.report import RunResult, summarise, table
 from dflashctl.smoke.servers import SPECULATIVE, Fleet, first_start_note, say, start_server, stop_all
 # /server_info fields kept in the result (the whole answer holds every server argument).
@@ -84,6 +84,10 @@ def register(subparsers) -> None:
     start.add_argument("--triton-cache", metavar="DIR|none",
                        help="TRITON_CACHE_DIR shared by all servers (default "
                             "$XDG_CACHE_HOME/dflashctl/triton; none: leave the variable alone)")
+    start.add_argument("--no-jit-prewarm", dest="jit_prewarm", action="store_false",
+                       help="let each server compile SGLang's JIT kernels one by one at first use, as "
+                            "before (default: a helper compiles them in parallel while the servers import; "
+                            "docs/smoke.md)")
     start.add_argument("--gpu", type=int, help="GPU index for the servers (default: CUDA_VISIBLE_DEVICES as is)")
     start.add_argument("--python", default=sys.executable, help="interpreter that has SGLang (default: this one)")
     start.add_argument("--start-timeout", type=float, default=600, help="seconds a server may take to be ready (600)")
@@ -112,6 +116,7 @@ class Plan:
     prompts: list  # token-id lists or texts
     settings: dict
     jit_compiled: dict | None = None  # what the JIT caches gained while the servers started
+    jit_prewarm: dict | None = None  # what the prewarm helper compiled (jit_prewarm.py)
 
 
 def _usage(what: str, fix: str) -> DflashError:
@@ -225,6 +230,7 @@ def run(a) -> int:
         result = summarise(results, plan.settings, phases, plan.synthetic, a.require_lossless)
         result["identity"] = ident
         result["jit_compiled"] = plan.jit_compiled
+        result["jit_prewarm"] = plan.jit_prewarm
         print(table(result), file=sys.stderr if a.json == "-" else sys.stdout)
         _write_json(a.json, result)
         ok = result["ok"]
@@ -264,6 +270,7 @@ def _settings(a, plan_runs, synthetic_pair, launch, prompt_kind) -> dict:
     return {"runs": plan_runs, "requests": a.requests, "sequential_requests": a.sequential_requests,
             "max_new_tokens": a.max_new_tokens, "input_len": a.input_len, "seed": a.seed,
             "prompts": prompt_kind, "launch": launch, "wait_all": bool(getattr(a, "wait_all", False)),
+            "jit_prewarm": bool(getattr(a, "jit_prewarm", False)) and launch != "external",
             "synthetic": synthetic_pair,
             "ttft": "first streamed chunk carrying a token (client clock)"}
 
@@ -315,7 +322,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
                else loadgen.text_prompts(a.requests))
     plan = Plan(runs, synthetic_pair, launch, prompts,
                 _settings(a, runs, synthetic_pair, launch, "token ids" if synthetic_pair else "text"))
-    started = []
+    started, prewarm = [], None
     try:
         if synthetic_pair:
             target, draft = synthetic.write_pair(work / "models", synthetic.shape_for_block(
@@ -335,6 +342,8 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
             t = time.monotonic()
             fleet = Fleet([start_server(a, r, target, draft, synthetic_pair, launch, work, started)
                            for r in group], a.start_timeout)
+            if prewarm is None:
+                prewarm = _start_prewarm(a, target, started[0])
             # By default each server is measured as soon as it is ready, while the others still
             # start (their CPU-bound compiling barely touches the GPU); --wait-all waits for all.
             queue = [fleet.next_ready() for _ in group] if a.wait_all else []
@@ -351,13 +360,31 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
             if launch == "sequential":
                 stop_all(fleet.started)
         results.sort(key=lambda r: runs.index(r.name))
+        plan.jit_prewarm = prewarm.result() if prewarm else {
+            "enabled": False, "reason": "--no-jit-prewarm" if not a.jit_prewarm else "no local config.json"}
         plan.jit_compiled = startup.compiled_since(startup.jit_caches(triton_cache=_triton_cache_of(started)),
                                                    jit_since)
         phases["start to table"] = time.monotonic() - t0
         return results, plan
     finally:
         stop_all(started)  # also a dead leader: its group may hold helpers
+        if prewarm:
+            prewarm.stop()
         _keep_logs(a, started)
+
+
+def _start_prewarm(a, target: str, first) -> "jit_prewarm.Prewarm | bool":
+    """The JIT helper, in the servers' environment, with the target's shapes; False when off or
+    when the target's config.json is not on this disk (a hub id: no shapes to compile for)."""
+    if not a.jit_prewarm:
+        return False
+    try:
+        cfg = json.loads((Path(target) / "config.json").read_text())
+    except (OSError, ValueError):
+        say("JIT prewarm skipped: no readable config.json in the target directory")
+        return False
+    say("JIT prewarm: compiling SGLang's JIT kernels in parallel while the servers import")
+    return jit_prewarm.Prewarm(a.python, first.server.env, jit_prewarm.calls_for(cfg))
 
 
 def _startup_of(s) -> dict | None:

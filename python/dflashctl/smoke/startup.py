@@ -22,6 +22,8 @@ import os
 import re
 from pathlib import Path
 
+from dflashctl.smoke import jit_prewarm
+
 STAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)(?: [^\]]*)?\] (.*)$")
 # (event, text the message starts with)
 MARKERS = (
@@ -191,7 +193,7 @@ def _union(items: list[dict]) -> float:
 # --- report -----------------------------------------------------------------------------------------
 
 def lines(result: dict) -> list[str]:
-    """Under the table: one line per server, one for the JIT caches."""
+    """Under the table: one line per server, one for the JIT prewarm, one for the JIT caches."""
     out = []
     for run in result.get("runs", []):
         start = run.get("startup")
@@ -200,6 +202,9 @@ def lines(result: dict) -> list[str]:
         parts = [f"{key.replace('_', ' ')} {v:.1f}s" for key, v in start["seconds"].items() if v is not None]
         missing = f" (lines not in its log: {'; '.join(start['missing_lines'])})" if start["missing_lines"] else ""
         out.append(f"start-up {run['name']}: " + ", ".join(parts) + missing)
+    pre = jit_prewarm.line(result.get("jit_prewarm"))
+    if pre:
+        out.append(pre)
     jit = result.get("jit_compiled")
     if jit:
         parts = []
