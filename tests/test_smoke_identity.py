@@ -80,3 +80,11 @@ def test_url_mode_does_not_pretend_to_know_the_services_host(tmp_path, running):
     assert ident["gpus"] is None and "--url" in ident["unknown"]["gpus"] and ident["fingerprint"] is None
     d = dflashctl(tmp_path, "diff", "result.json", "result.json")
     assert d.returncode == errors.FAILED and "carries no fingerprint" in d.stderr
+
+
+def test_a_failed_start_still_says_which_host(tmp_path):
+    p = smoke(tmp_path, "--runs", "DFLASH", "--lock", str(LOCK), "--json", "result.json", FAKE_SGLANG_DIE="start")
+    assert p.returncode == errors.SERVER_DIED_BEFORE_READY, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["identity"]["hostname"] == socket.gethostname()
+    assert result["identity"]["lock_spec_sha256"] == lockfile.load(LOCK).spec_sha256

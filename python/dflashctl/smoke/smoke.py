@@ -215,7 +215,7 @@ def run(a) -> int:
     signal.signal(signal.SIGTERM, _terminate)  # `timeout`, systemd: stop our servers too
     t0 = time.monotonic()
     phases: dict[str, float] = {}
-    work, ok = None, False
+    work, ok, probe = None, False, None
     try:
         if a.url:
             results, plan = _run_url(a, phases)
@@ -241,7 +241,8 @@ def run(a) -> int:
         phases["total"] = time.monotonic() - t0
         _write_json(a.json, {"ok": False, "failures": [e.what], "error": {
             "what": e.what, "why": e.why, "fix": e.fix, "exit_code": e.exit_code},
-            "phases_s": {k: round(v, 2) for k, v in phases.items()}, "runs": []})
+            "phases_s": {k: round(v, 2) for k, v in phases.items()}, "runs": [],
+            "identity": probe.identity(wait=30) if probe else None})  # which host failed
         raise
     finally:
         if work is not None and not a.work_dir:

@@ -217,5 +217,5 @@ def lines(result: dict) -> list[str]:
             else:
                 parts.append(f"{name} {c['compiled']} kernels, written between {c['first_s']:.1f}s and "
                              f"{c['last_s']:.1f}s")
-        out.append("JIT compiled during start (seconds after smoke began): " + "; ".join(parts))
+        out.append("JIT compiled during this smoke (seconds after the servers started): " + "; ".join(parts))
     return out
