@@ -83,15 +83,10 @@ def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: 
             b = base_stats.get(name, {}).get("output_tok_s")
             s["speedup"] = round(s["output_tok_s"] / b, 3) if b and s["output_tok_s"] and run is not base else None
         fails = failures(run)
-        same = lossless.compare(base, run) if run.algorithm is not None else None
-        if same and same["status"] == lossless.DIVERGED:
-            line = f"{run.name}'s greedy outputs differ from the baseline's: {lossless.describe(run.name, same)}"
-            if lossless.fatal(synthetic, require_lossless):
-                fails.append(line)
-                not_lossless.append(line)
-            else:
-                warnings.append(f"{line} (bf16 near ties can do that with real weights; --require-lossless "
-                                "makes it fatal)")
+        same, fatal, warning = lossless.judge(base, run, synthetic, require_lossless)
+        fails += [fatal] if fatal else []
+        not_lossless += [fatal] if fatal else []
+        warnings += [warning] if warning else []
         problems += fails
         out_runs.append({
             "name": run.name,

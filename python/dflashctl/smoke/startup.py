@@ -56,7 +56,7 @@ def _stamp(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text.replace(" ", "T"))
 
 
-def events(log_text: str, since: dt.datetime | None = None) -> list[tuple[float | dt.datetime, str, str]]:
+def events(log_text: str, since: dt.datetime | None = None) -> list[tuple[dt.datetime, str, str]]:
     """(time, event, message) of every marker line; lines stamped before `since` (an earlier run
     appended to the same log) are skipped."""
     found = []
@@ -71,7 +71,8 @@ def events(log_text: str, since: dt.datetime | None = None) -> list[tuple[float 
             if message.startswith(head):
                 found.append((when, event, message))
                 break
-    return found
+    # Several processes write the log (main, scheduler): order by stamp, file order among equals.
+    return sorted(found, key=lambda f: f[0])
 
 
 # The phase a server is in once a marker is seen; between a load or capture's end and the next
