@@ -14,13 +14,14 @@
 # Writes into $OUT (default ./fresh3-out), 6 files: summary.txt (per run: start to table, ready
 # times, start-up phases, JIT prewarm and caches, identity and lossless lines), run1.json,
 # run2.json, run3.json, old.json, logs.tar.gz (every server's full SGLang log and smoke's output).
-# Budget: about 9 minutes (BUDGET=520 s; each run at most 240 s).
+# Budget: about 9 minutes (BUDGET=540 s; each run at most 200 s or what is left; logs.tar.gz is
+# rewritten after every run, so a run cut short by the device's 600 s limit loses nothing before it).
 set -uo pipefail
 OUT=${OUT:-$PWD/fresh3-out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-BUDGET=${BUDGET:-520}
+BUDGET=${BUDGET:-540}
 OLD_ORDER=${SMOKE_OLD_ORDER:-1}
 RUNS=/tmp/fresh3
 rm -rf "$RUNS"
@@ -83,18 +84,30 @@ for name, c in (r.get("jit_compiled") or {}).items():
 print(f"    identity: { {k: v for k, v in (r.get('identity') or {}).items() if k not in ('fingerprint', 'unknown')} }")
 PYEOF
   fi
+  keep_logs
   return $rc
 }
+
+keep_logs() {  # every server log and smoke's output so far, into one file
+  local label
+  for label in run1 run2 run3 old; do
+    [ -d "$RUNS/$label" ] && mkdir -p "$RUNS/$label/logs" && cp "$RUNS/$label/smoke.out" "$RUNS/$label/logs/"
+  done
+  tar -C "$RUNS" -czf "$OUT/logs.tar.gz" $(cd "$RUNS" && ls -d ./*/logs 2>/dev/null)
+}
+
+limit() { local l; l=$(left); echo $(( l < 200 ? l : 200 )); }
 
 stamp "dflashctl smoke --help (import check)"
 "$PY" -m dflashctl smoke --help >/dev/null || { stamp "dflashctl does not import"; exit 1; }
 
 worst=0
 for i in 1 2 3; do
-  run_fresh "run$i" 240 "$@" || worst=1
+  if [ "$(left)" -lt 60 ]; then stamp "run$i: skipped ($(left)s left)"; worst=1; continue; fi
+  run_fresh "run$i" "$(limit)" "$@" || worst=1
 done
-if [ "$OLD_ORDER" = 1 ] && [ "$(left)" -ge 180 ]; then
-  run_fresh old "$(( $(left) < 240 ? $(left) : 240 ))" --no-jit-prewarm "$@"
+if [ "$OLD_ORDER" = 1 ] && [ "$(left)" -ge 150 ]; then
+  run_fresh old "$(limit)" --no-jit-prewarm "$@"
 else
   stamp "old order: skipped ($(left)s left of ${BUDGET}s, SMOKE_OLD_ORDER=$OLD_ORDER)"
 fi
@@ -105,9 +118,5 @@ fi
     [ -f "$OUT/$label.json" ] && "$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], 'ok' if r['ok'] else 'FAILED', r.get('phases_s', {}).get('start to table'), 's')" "$OUT/$label.json" "$label"
   done
 } >>"$summary" 2>&1
-for label in run1 run2 run3 old; do
-  [ -d "$RUNS/$label" ] && mkdir -p "$RUNS/$label/logs" && cp "$RUNS/$label/smoke.out" "$RUNS/$label/logs/"
-done
-tar -C "$RUNS" -czf "$OUT/logs.tar.gz" $(cd "$RUNS" && ls -d */logs 2>/dev/null)
 cat "$summary"
 exit $worst
