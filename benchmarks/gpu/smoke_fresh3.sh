@@ -23,7 +23,7 @@ export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 BUDGET=${BUDGET:-540}
 OLD_ORDER=${SMOKE_OLD_ORDER:-1}
-RUNS=/tmp/fresh3
+RUNS=${FRESH3_DIR:-/tmp/fresh3}  # the runs' HOMEs, work dirs and logs
 rm -rf "$RUNS"
 mkdir -p "$RUNS"
 summary="$OUT/summary.txt"
