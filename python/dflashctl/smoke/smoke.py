@@ -16,10 +16,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dflashctl.errors import FAILED, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE, DflashError
-from dflashctl.service import sglang_features
 from dflashctl import __version__
+from dflashctl.errors import FAILED, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE, DflashError
 from dflashctl.lock import lockfile
+from dflashctl.service import sglang_features
 from dflashctl.smoke import identity, jit_prewarm, loadgen, startup, synthetic
 from dflashctl.smoke.report import RunResult, summarise, table
 from dflashctl.smoke.servers import SPECULATIVE, Fleet, first_start_note, say, start_server, stop_all
