@@ -51,6 +51,7 @@ def env_for(recs: Path, fake: Path = FAKE, **extra) -> dict:
 
 def smoke(tmp_path, *args, recs=None, fake=FAKE, timeout=60, **extra):
     recs = recs or recordings(tmp_path)
+    extra.setdefault("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm-ffi"))  # the stand-in's JIT "compiles" there
     cmd = [sys.executable, "-m", "dflashctl", "smoke", *LOAD_ARGS, "--triton-cache", str(tmp_path / "triton"),
            *args]
     return subprocess.run(cmd, env=env_for(recs, fake, **extra), capture_output=True, text=True,
@@ -89,8 +90,9 @@ def test_default_smoke_measures_every_run_and_compares_with_baseline(tmp_path):
     assert base["phases"]["concurrent"]["speedup"] is None
     # the table: a row per run, and the plain warning about random weights
     lines = p.stdout.splitlines()
-    assert lines[0].split()[:3] == ["run", "start", "s"]
-    assert [line.split()[0] for line in lines[2:5]] == ["baseline", "DFLASH", "DDTREE"]
+    assert lines[0].startswith("measured on ")  # which host and stack (test_smoke_identity.py)
+    assert lines[1].split()[:3] == ["run", "start", "s"]
+    assert [line.split()[0] for line in lines[3:6]] == ["baseline", "DFLASH", "DDTREE"]
     assert "not a quality or speed-up figure" in p.stdout
     assert "[smoke] starting" in p.stderr or "ready after" in p.stderr  # progress on stderr
 
@@ -286,6 +288,7 @@ def test_server_dying_mid_run_stops_smoke_and_its_helpers(tmp_path):
 
 
 def start_fake(tmp_path, run: str, recs: Path, **extra):
+    extra.setdefault("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm-ffi"))
     port = _free_port()
     argv = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), "--model-path", "m"]
     if run != "baseline":

@@ -63,6 +63,7 @@ def compare_with_lock(packages: dict, found: locate.FoundLock, python_version: s
     installed = {lockfile.canonical_name(n): p["version"] for n, p in packages.items()}
     return {
         "path": str(lock_path), "source": found.source, "system": current_system(), "python": lock.python,
+        "spec_sha256": lock.spec_sha256,
         "python_matches": ".".join(python_version.split(".")[:2]) == lock.python,
         "missing": {n: w.version for n, w in sorted(locked.items()) if n not in installed},
         "extra": {n: v for n, v in sorted(installed.items()) if n not in locked and n not in TOOLING},
@@ -85,8 +86,10 @@ def locked_stack(lock: dict, python: str) -> probes.Stack:
     return probes.NO_LOCK if "error" in lock else stack_of_lock(lock["path"], python)
 
 
-def stack_of_lock(path: Path | str, python: str) -> probes.Stack:
+def stack_of_lock(path: Path | str | None, python: str) -> probes.Stack:
     """The lock's versions for this system and the commands that install them; NO_LOCK without one."""
+    if path is None:
+        return probes.NO_LOCK
     try:
         pins = {n: w.version for n, w in lockfile.load(path).packages(current_system()).items()}
     except DflashError:
@@ -180,7 +183,8 @@ def build(python: str = sys.executable, lock_path: Path | str | None = None,
 
 
 def load(path: Path | str) -> dict:
-    """A saved fingerprint, refused with a clear reason when it is not one."""
+    """A saved fingerprint, refused with a clear reason when it is not one. A `dflashctl smoke`
+    result carries the fingerprint of the host it measured (identity.fingerprint): that one."""
     import json
     path = Path(path)
     try:
@@ -194,6 +198,12 @@ def load(path: Path | str) -> dict:
     except RecursionError:
         raise DflashError(f"{path} is not a readable fingerprint", "its JSON is nested too deeply",
                           "save one with `dflashctl doctor --save FILE`") from None
+    if isinstance(data, dict) and isinstance(data.get("identity"), dict):  # a smoke result
+        if not data["identity"].get("fingerprint"):
+            why = "; ".join(sorted(set(data["identity"].get("unknown", {}).values()))) or "none was kept"
+            raise DflashError(f"the smoke result {path} carries no fingerprint", why,
+                              "compare results of `dflashctl smoke` that started its servers on the host")
+        data = data["identity"]["fingerprint"]
     if not isinstance(data, dict) or data.get("fingerprint_version") != FINGERPRINT_VERSION:
         raise DflashError(f"{path} is not a dflashctl fingerprint (version {FINGERPRINT_VERSION})",
                           "the field fingerprint_version is missing or different",

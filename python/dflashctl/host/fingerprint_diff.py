@@ -86,6 +86,7 @@ OTHER_ITEMS = [
     ("libsndfile", lambda fp: dig(fp, facts("soundfile", "libsndfile"))),
     ("flashinfer cubins", lambda fp: dig(fp, facts("flashinfer", "cubins"))),
     ("lock compared with", lambda fp: dig(fp, "lock.path")),
+    ("lock spec sha256", lambda fp: dig(fp, "lock.spec_sha256")),
 ]
 
 
@@ -184,7 +185,8 @@ def render(rows: list[dict], name_a: str, name_b: str) -> str:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("diff", help="compare two fingerprints saved by `doctor --save`",
+    p = subparsers.add_parser("diff", help="compare two fingerprints saved by `doctor --save` "
+                                           "(or the hosts of two `smoke --json` results)",
                               description=__doc__.splitlines()[0])
     p.add_argument("a", metavar="A.json")
     p.add_argument("b", metavar="B.json")

@@ -20,7 +20,7 @@ from pathlib import Path
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
                               SERVER_DIED_AFTER_READY, DflashError)
 from dflashctl.host import cuda_home, driver, gpus, hub_cache
-from dflashctl.lock import lockfile
+from dflashctl.lock import locate
 from dflashctl.service import config, gpu_claim, sdnotify, sglang_args
 from dflashctl.service.server import Server, _describe, _indent
 from dflashctl.service.stall import GpuMemory
@@ -104,9 +104,9 @@ def probe_checks(cfg: config.InstanceConfig, python: str, child_env: dict[str, s
                             stack=fingerprint.stack_of_lock(lock_path(), python), env=child_env)
 
 
-def lock_path() -> Path:
-    """The lock whose versions the fixes name (missing: the fixes say "the version the lock pins")."""
-    return lockfile.DEFAULT_LOCK
+def lock_path() -> Path | None:
+    """The lock whose versions the fixes name (None: the fixes say "the version the lock pins")."""
+    return locate.find().path
 
 
 # Each step: (settings, python, child env) -> list of probes.Check. Every step runs, whatever the

@@ -102,6 +102,7 @@ class RequestResult:
     finish_reason: str | None = None
     chunks: int = 0
     error: str | None = None
+    output_ids: list[int] | None = None  # the generated token ids (lossless check); not in the JSON
 
 
 @dataclass
@@ -128,6 +129,7 @@ def generate(ep: Endpoint, index: int, body: dict, timeout: float,
     t0 = time.perf_counter()
     last: dict | None = None
     seen = 0
+    deltas: list[int] | None = []  # ids of an incremental stream; None once it proves cumulative
     try:
         conn.request("POST", prefix + "/generate", body=json.dumps(body), headers=headers)
         resp = conn.getresponse()
@@ -150,6 +152,7 @@ def generate(ep: Endpoint, index: int, body: dict, timeout: float,
                 return r
             r.chunks += 1
             last = chunk
+            deltas = _collect(deltas, chunk, r.chunks)
             n = _tokens_in(chunk)
             if n > 0 and r.ttft_s is None:
                 r.ttft_s = time.perf_counter() - t0
@@ -172,12 +175,32 @@ def generate(ep: Endpoint, index: int, body: dict, timeout: float,
         recording.final = last
     meta = last.get("meta_info") or {}
     r.output_tokens = _tokens_in(last)
+    r.output_ids = _output_ids(last, deltas, r.output_tokens)
     r.server_e2e_s = meta.get("e2e_latency")
     r.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
     r.spec_accept_length = meta.get("spec_accept_length")
     fr = meta.get("finish_reason")
     r.finish_reason = fr.get("type") if isinstance(fr, dict) else fr
     return r
+
+
+def _collect(deltas: list[int] | None, chunk: dict, k: int) -> list[int] | None:
+    """SGLang streams cumulative ids (each chunk holds all so far) unless started with
+    --incremental-streaming-output (each chunk holds its new ids). Collect ids until a later
+    chunk shows the stream is cumulative: then the last chunk alone holds them all."""
+    ids = chunk.get("output_ids") or []
+    if deltas is None or (k > 1 and ids and len(ids) == _tokens_in(chunk)):
+        return None
+    deltas.extend(ids)
+    return deltas
+
+
+def _output_ids(last: dict, deltas: list[int] | None, n: int) -> list[int] | None:
+    """The request's generated ids; None when the stream did not carry them all."""
+    final = last.get("output_ids")
+    if isinstance(final, list) and len(final) == n:
+        return list(final)
+    return deltas if deltas is not None and len(deltas) == n else None
 
 
 @dataclass
@@ -189,7 +212,7 @@ class PhaseResult:
 
     def to_json(self) -> dict:
         return {"name": self.name, "concurrency": self.concurrency, "wall_s": round(self.wall_s, 4),
-                "requests": [asdict(r) for r in self.requests]}
+                "requests": [{k: v for k, v in asdict(r).items() if k != "output_ids"} for r in self.requests]}
 
 
 class Progress:

@@ -6,6 +6,7 @@ Pure data in, data out: tests feed it what the real client measured against reco
 import statistics
 from dataclasses import dataclass, field
 
+from dflashctl.smoke import identity, lossless, startup
 from dflashctl.smoke.loadgen import PhaseResult
 
 RANDOM_WEIGHTS_NOTE = ("The synthetic models have random weights: the drafter guesses at random, so "
@@ -25,6 +26,7 @@ class RunResult:
     server_info: dict = field(default_factory=dict)  # the few fields we keep from /server_info
     log: str | None = None
     measured_while_starting: list[str] = field(default_factory=list)  # servers still starting meanwhile
+    startup: dict | None = None  # where its start-up time went (startup.phases); None for --url
 
 
 def _phase_stats(p: PhaseResult) -> dict:
@@ -67,17 +69,24 @@ def failures(run: RunResult) -> list[str]:
     return out
 
 
-def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: bool) -> dict:
-    """The full JSON result; `ok` is False when any run failed a rule in `failures`."""
+def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: bool,
+              require_lossless: bool = False) -> dict:
+    """The full JSON result; `ok` is False when any run failed a rule in `failures`. A greedy
+    output that differs from the baseline's is one of them for the synthetic pair or with
+    `require_lossless` (also listed in `lossless_failures`), else a line in `warnings`."""
     base = next((r for r in runs if r.algorithm is None), None)
     base_stats = {p.name: _phase_stats(p) for p in base.phases} if base else {}
-    out_runs, problems = [], []
+    out_runs, problems, not_lossless, warnings = [], [], [], []
     for run in runs:
         stats = {p.name: _phase_stats(p) for p in run.phases}
         for name, s in stats.items():
             b = base_stats.get(name, {}).get("output_tok_s")
             s["speedup"] = round(s["output_tok_s"] / b, 3) if b and s["output_tok_s"] and run is not base else None
         fails = failures(run)
+        same, fatal, warning = lossless.judge(base, run, synthetic, require_lossless)
+        fails += [fatal] if fatal else []
+        not_lossless += [fatal] if fatal else []
+        warnings += [warning] if warning else []
         problems += fails
         out_runs.append({
             "name": run.name,
@@ -89,11 +98,15 @@ def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: 
             "requests": {p.name: p.to_json()["requests"] for p in run.phases},
             "log": run.log,
             "measured_while_starting": run.measured_while_starting,
+            "lossless": same,
+            "startup": run.startup,
             "ok": not fails,
         })
     return {
         "ok": not problems,
         "failures": problems,
+        "lossless_failures": not_lossless,
+        "warnings": warnings,
         "synthetic": synthetic,
         "note": RANDOM_WEIGHTS_NOTE if synthetic else None,
         "settings": settings,
@@ -111,7 +124,7 @@ def _fmt(v, spec: str = "") -> str:
 def table(result: dict) -> str:
     """The human summary: one row per run, speed-ups against the baseline's same phase."""
     head = ("run", "start s", "seq tok/s", "x base", "conc tok/s", "x base",
-            "TTFT ms", "e2e s", "accept len", "server avg", "verify ct", "ok")
+            "TTFT ms", "e2e s", "accept len", "server avg", "verify ct", "= base", "ok")
     rows = [head]
     for run in result["runs"]:
         seq = run["phases"].get("sequential", {})
@@ -130,12 +143,15 @@ def table(result: dict) -> str:
             _fmt(conc.get("accept_length", seq.get("accept_length")), ".3f"),
             _fmt(run["server_info"].get("avg_spec_accept_length"), ".3f"),
             str(verify) if run["algorithm"] else "-",
+            lossless.cell(run.get("lossless")),
             "yes" if run["ok"] else "NO",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if result.get("identity"):
+        lines.insert(0, identity.line(result["identity"]))
     s = result["settings"]
     lines.append("")
     lines.append(f"{s.get('requests')} prompts x {s.get('max_new_tokens')} new tokens, greedy, ignore_eos; "
@@ -145,10 +161,13 @@ def table(result: dict) -> str:
         if run.get("measured_while_starting"):
             lines.append(f"{run['name']} was measured while {', '.join(run['measured_while_starting'])} "
                          "still started on the same GPU (--wait-all measures on a quiet GPU).")
+    lines += ["lossless: " + lossless.describe(run["name"], run["lossless"]) for run in result["runs"] if run.get("lossless")]
+    lines += startup.lines(result)
     if result.get("note"):
         lines.append(result["note"])
     if result["phases_s"]:
         lines.append("phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in result["phases_s"].items()))
+    lines += [f"WARNING: {w}" for w in result.get("warnings", [])]
     for f in result["failures"]:
         lines.append(f"FAILED: {f}")
     return "\n".join(lines)

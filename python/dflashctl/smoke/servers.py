@@ -6,6 +6,7 @@ service's own code path. Several servers may share one GPU (`launch together`), 
 watching cover all of them: the first that dies ends everything within a second.
 """
 
+import datetime
 import os
 import random
 import socket
@@ -112,9 +113,11 @@ def instance_settings(a, run: str, target: str, draft: str | None, synthetic_pai
         d["extraArgs"] = extra
     if a.gpu is not None:
         d["gpus"] = [a.gpu]
+    # Milliseconds in SGLang's log stamps: the start-up phases (startup.py) are read from them.
+    d["environment"] = {"SGLANG_LOG_MS": "1"}
     cache = _triton_cache(a)
     if cache:
-        d["environment"] = {"TRITON_CACHE_DIR": cache}
+        d["environment"]["TRITON_CACHE_DIR"] = cache
     if synthetic_pair:
         d.update({"loadFormat": "dummy", "skipTokenizerInit": True, "grammarBackend": "none",
                   "samplingBackend": "pytorch"})
@@ -140,6 +143,7 @@ class Started:
     server: Server
     cfg: config.InstanceConfig
     startup_s: float | None = None
+    launched: datetime.datetime | None = None  # local time, as SGLang stamps its log
 
 
 def start_server(a, run: str, target: str, draft: str | None, synthetic_pair: bool, launch: str,
@@ -154,6 +158,7 @@ def start_server(a, run: str, target: str, draft: str | None, synthetic_pair: bo
                  work / "logs" / f"{run}.log", cfg.base_url)
     s = Started(run, srv, cfg)
     started.append(s)
+    s.launched = datetime.datetime.now()
     srv.start()
     say(f"started {run} on {cfg.base_url} (pid {srv.pid}, log {srv.log_path})")
     return s

@@ -16,9 +16,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dflashctl.errors import FAILED, PREFLIGHT_SGLANG, USAGE, DflashError
+from dflashctl import __version__
+from dflashctl.errors import FAILED, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE, DflashError
 from dflashctl.service import sglang_features
-from dflashctl.smoke import loadgen, synthetic
+from dflashctl.smoke import identity, jit_prewarm, loadgen, startup, synthetic
 from dflashctl.smoke.report import RunResult, summarise, table
 from dflashctl.smoke.servers import (SPECULATIVE, Fleet, driver_note, first_start_note, say, start_server,
                                      stop_all)
@@ -46,6 +47,9 @@ def register(subparsers) -> None:
     spec.add_argument("--num-draft-tokens", type=int,
                       help="DFlash block size (default 16 for the synthetic pair, the drafter's own otherwise)")
     spec.add_argument("--ddtree-budget", type=int, help="DDTREE tree budget (default: SGLang's)")
+    spec.add_argument("--require-lossless", action="store_true",
+                      help="fail (exit 4) when a speculative run's greedy outputs differ from the baseline's "
+                           "(always so for the synthetic pair; a warning otherwise)")
     spec.add_argument("--attention-backend",
                       help="attention backend of target and drafter (default triton for the synthetic "
                            "pair: no kernel download or JIT; SGLang's choice otherwise)")
@@ -80,6 +84,10 @@ def register(subparsers) -> None:
     start.add_argument("--triton-cache", metavar="DIR|none",
                        help="TRITON_CACHE_DIR shared by all servers (default "
                             "$XDG_CACHE_HOME/dflashctl/triton; none: leave the variable alone)")
+    start.add_argument("--no-jit-prewarm", dest="jit_prewarm", action="store_false",
+                       help="let each server compile SGLang's JIT kernels one by one at first use, as "
+                            "before (default: a helper compiles them in parallel while the servers import; "
+                            "docs/smoke.md)")
     start.add_argument("--gpu", type=int, help="GPU index for the servers (default: CUDA_VISIBLE_DEVICES as is)")
     start.add_argument("--python", default=sys.executable, help="interpreter that has SGLang (default: this one)")
     start.add_argument("--start-timeout", type=float, default=600, help="seconds a server may take to be ready (600)")
@@ -89,7 +97,12 @@ def register(subparsers) -> None:
                                                       "when a run or a server fails: {\"ok\": false, \"failures\": [...]}, "
                                                       "plus \"error\" when a server or the setup failed")
     out.add_argument("--work-dir", help="keep models and server logs here (default: a temp dir, removed)")
+    out.add_argument("--lock", metavar="PATH",
+                     help="lock whose packages the measured environment is compared with (default: as "
+                          "doctor finds it: $DFLASHCTL_LOCK, the lock installed with dflashctl, its checkout's)")
     out.add_argument("--record", metavar="DIR", help="save every response in DIR (replayable by the tests)")
+    out.add_argument("--keep-logs", metavar="DIR", help="copy each server's full SGLang log to DIR/<run>.log "
+                                                        "(also when smoke fails)")
     p.set_defaults(func=run)
 
 
@@ -102,6 +115,8 @@ class Plan:
     launch: str
     prompts: list  # token-id lists or texts
     settings: dict
+    jit_compiled: dict | None = None  # what the JIT caches gained while the servers started
+    jit_prewarm: dict | None = None  # what the prewarm helper compiled (jit_prewarm.py)
 
 
 def _usage(what: str, fix: str) -> DflashError:
@@ -119,6 +134,10 @@ def _check_args(a) -> None:
                      "--draft-model z-lab/Qwen3-8B-DFlash-b16")
     if a.baseline_url and not a.url:
         raise _usage("--baseline-url needs --url", "pass the speculative service's --url too")
+    if a.require_lossless and (a.url and not a.baseline_url or not a.url and a.runs != "auto"
+                               and "baseline" not in a.runs.lower()):
+        raise _usage("--require-lossless needs a baseline to compare with",
+                     "add baseline to --runs (or --baseline-url with --url)")
     for name in ("requests", "sequential_requests", "max_new_tokens", "input_len"):
         if getattr(a, name) < (0 if name == "sequential_requests" else 1):
             raise _usage(f"--{name.replace('_', '-')} {getattr(a, name)} is too small", "use a positive number")
@@ -196,26 +215,34 @@ def run(a) -> int:
     signal.signal(signal.SIGTERM, _terminate)  # `timeout`, systemd: stop our servers too
     t0 = time.monotonic()
     phases: dict[str, float] = {}
-    work, ok = None, False
+    work, ok, probe = None, False, None
     try:
         if a.url:
             results, plan = _run_url(a, phases)
+            ident = identity.unknown("--url: the service's host was not probed", dflashctl=__version__,
+                                     sglang=results[0].server_info.get("version") if results else None)
         else:
             work = Path(a.work_dir).resolve() if a.work_dir else Path(tempfile.mkdtemp(prefix="dflash-smoke-"))
+            probe = identity.Probe(a.python, a.lock)  # in the background, while the servers start
             results, plan = _run_local(a, phases, t0, work)
+            ident = probe.identity()
         phases["total"] = time.monotonic() - t0
-        result = summarise(results, plan.settings, phases, plan.synthetic)
+        result = summarise(results, plan.settings, phases, plan.synthetic, a.require_lossless)
+        result["identity"] = ident
+        result["jit_compiled"] = plan.jit_compiled
+        result["jit_prewarm"] = plan.jit_prewarm
         print(table(result), file=sys.stderr if a.json == "-" else sys.stdout)
         _write_json(a.json, result)
         ok = result["ok"]
-        return 0 if ok else FAILED
+        return 0 if ok else _exit_code(result)
     except DflashError as e:
         # A result file must never be a stale one from an earlier run, nor missing for a machine
         # that reads it: the error goes into it, with the exit code the command ends with.
         phases["total"] = time.monotonic() - t0
         _write_json(a.json, {"ok": False, "failures": [e.what], "error": {
             "what": e.what, "why": e.why, "fix": e.fix, "exit_code": e.exit_code},
-            "phases_s": {k: round(v, 2) for k, v in phases.items()}, "runs": []})
+            "phases_s": {k: round(v, 2) for k, v in phases.items()}, "runs": [],
+            "identity": probe.identity(wait=30) if probe else None})  # which host failed
         raise
     finally:
         if work is not None and not a.work_dir:
@@ -223,6 +250,12 @@ def run(a) -> int:
                 shutil.rmtree(work, ignore_errors=True)
             else:
                 say(f"kept {work} (models, server logs) for a look")
+
+
+def _exit_code(result: dict) -> int:
+    """NOT_LOSSLESS when differing outputs are all that failed; FAILED when anything else did."""
+    only_lossless = result["lossless_failures"] and len(result["lossless_failures"]) == len(result["failures"])
+    return NOT_LOSSLESS if only_lossless else FAILED
 
 
 def _write_json(dest: str | None, result: dict) -> None:
@@ -238,6 +271,7 @@ def _settings(a, plan_runs, synthetic_pair, launch, prompt_kind) -> dict:
     return {"runs": plan_runs, "requests": a.requests, "sequential_requests": a.sequential_requests,
             "max_new_tokens": a.max_new_tokens, "input_len": a.input_len, "seed": a.seed,
             "prompts": prompt_kind, "launch": launch, "wait_all": bool(getattr(a, "wait_all", False)),
+            "jit_prewarm": bool(getattr(a, "jit_prewarm", False)) and launch != "external",
             "synthetic": synthetic_pair,
             "ttft": "first streamed chunk carrying a token (client clock)"}
 
@@ -289,7 +323,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
                else loadgen.text_prompts(a.requests))
     plan = Plan(runs, synthetic_pair, launch, prompts,
                 _settings(a, runs, synthetic_pair, launch, "token ids" if synthetic_pair else "text"))
-    started = []
+    started, prewarm = [], None
     try:
         if synthetic_pair:
             target, draft = synthetic.write_pair(work / "models", synthetic.shape_for_block(
@@ -304,11 +338,14 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
             say(note)
 
         results = []
+        jit_since = time.time()
         groups = [runs] if launch == "together" else [[r] for r in runs]
         for group in groups:
             t = time.monotonic()
             fleet = Fleet([start_server(a, r, target, draft, synthetic_pair, launch, work, started)
                            for r in group], a.start_timeout)
+            if prewarm is None:
+                prewarm = _start_prewarm(a, target, started[0])
             # By default each server is measured as soon as it is ready, while the others still
             # start (their CPU-bound compiling barely touches the GPU); --wait-all waits for all.
             queue = [fleet.next_ready() for _ in group] if a.wait_all else []
@@ -317,15 +354,69 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
                 busy = [o.run for o in fleet.started if o.startup_s is None]
                 t_m = time.monotonic()
                 result = measure(s.run, s.cfg.speculative.algorithm, loadgen.Endpoint(s.cfg.base_url), plan,
-                                 a, watch=fleet.check, startup_s=s.startup_s,
-                                 log=str(s.server.log_path) if a.work_dir else None)
+                                 a, watch=fleet.check, startup_s=s.startup_s, log=_log_kept(a, s))
                 result.measured_while_starting = busy
+                result.startup = _startup_of(s)
                 results.append(result)
                 phases[f"measure {s.run}"] = time.monotonic() - t_m
             if launch == "sequential":
                 stop_all(fleet.started)
         results.sort(key=lambda r: runs.index(r.name))
+        plan.jit_prewarm = prewarm.result() if prewarm else {
+            "enabled": False, "reason": "--no-jit-prewarm" if not a.jit_prewarm else "no local config.json"}
+        plan.jit_compiled = startup.compiled_since(startup.jit_caches(triton_cache=_triton_cache_of(started)),
+                                                   jit_since)
         phases["start to table"] = time.monotonic() - t0
         return results, plan
     finally:
         stop_all(started)  # also a dead leader: its group may hold helpers
+        if prewarm:
+            prewarm.stop()
+        _keep_logs(a, started)
+
+
+def _start_prewarm(a, target: str, first) -> "jit_prewarm.Prewarm | bool":
+    """The JIT helper, in the servers' environment, with the target's shapes; False when off or
+    when the target's config.json is not on this disk (a hub id: no shapes to compile for)."""
+    if not a.jit_prewarm:
+        return False
+    try:
+        cfg = json.loads((Path(target) / "config.json").read_text())
+    except (OSError, ValueError):
+        say("JIT prewarm skipped: no readable config.json in the target directory")
+        return False
+    say("JIT prewarm: compiling SGLang's JIT kernels in parallel while the servers import")
+    return jit_prewarm.Prewarm(a.python, first.server.env, jit_prewarm.calls_for(cfg))
+
+
+def _startup_of(s) -> dict | None:
+    """Where this server's start-up went, from its own log (startup.py)."""
+    try:
+        text = s.server.log_path.read_text(errors="replace")
+    except OSError:
+        return None
+    return startup.phases(text, s.launched, s.startup_s)
+
+
+def _triton_cache_of(started) -> str | None:
+    return started[0].cfg.environment.get("TRITON_CACHE_DIR") if started else None
+
+
+def _log_kept(a, s) -> str | None:
+    if a.keep_logs:
+        return str(Path(a.keep_logs).resolve() / f"{s.run}.log")
+    return str(s.server.log_path) if a.work_dir else None
+
+
+def _keep_logs(a, started) -> None:
+    """Copy each server's full log to --keep-logs DIR (a failed start is when it matters most)."""
+    if not a.keep_logs or not started:
+        return
+    dest = Path(a.keep_logs)
+    dest.mkdir(parents=True, exist_ok=True)
+    for s in started:
+        try:
+            shutil.copyfile(s.server.log_path, dest / f"{s.run}.log")
+        except OSError as e:
+            say(f"could not keep the {s.run} log: {e}")
+    say(f"server logs kept in {dest}")

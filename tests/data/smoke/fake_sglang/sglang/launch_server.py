@@ -14,9 +14,13 @@ FAKE_SGLANG_READY_AFTER=S    /health_generate answers 503 for S seconds (default
                              FAKE_SGLANG_READY_AFTER_<RUN> for one run
 FAKE_SGLANG_HELPER_PIDFILE   where the forked helper writes its pid (tests check it is gone)
 FAKE_SGLANG_API_KEY=KEY      answer 401 unless `Authorization: Bearer KEY` (as --api-key does)
+
+It logs SGLang's own start-up markers (with milliseconds under SGLANG_LOG_MS=1, as SGLang does),
+spread over the FAKE_SGLANG_READY_AFTER seconds, so smoke's start-up phases have lines to read.
 """
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -48,6 +52,46 @@ count_lock = threading.Lock()
 
 def log(msg):
     print(f"[fake sglang {run}] {msg}", flush=True)
+
+
+def sglang_log(msg):
+    """A line as SGLang 0.5.11's configure_logger formats it."""
+    now = datetime.datetime.now()
+    ms = f".{now.microsecond // 1000:03d}" if os.environ.get("SGLANG_LOG_MS") == "1" else ""
+    print(f"[{now:%Y-%m-%d %H:%M:%S}{ms}] {msg}", flush=True)
+
+
+def first_use_jit():
+    """SGLang compiles its JIT kernels at their first call, inside the first capture: the
+    synthetic pair's four, each unless the cache has it (jit_kernel/_build.py)."""
+    from sglang.jit_kernel import activation, kvcache, norm, rope
+    from sglang.jit_kernel._build import load_jit
+    calls = [("qknorm", 64, "torch.bfloat16"), ("fused_rope", True, 64, "torch.bfloat16"), ("kvcache", 1024),
+             ("activation", "torch.bfloat16")]
+    assert norm and rope and kvcache and activation  # the loaders the prewarm calls exist
+    built = sum(load_jit(*c) for c in calls)
+    log(f"JIT at first use: built {built}, found {len(calls) - built} in the cache")
+
+
+def start_up_lines():
+    """SGLang's markers, in its order: imports done, each model loads, each runner captures."""
+    step = max(0.0, READY_AT - time.monotonic()) / 8
+    models = ["Qwen3ForCausalLM"] + (["DFlashDraftModel"] if run != "baseline" else [])
+    sglang_log(f"server_args=ServerArgs(model_path={args.model_path!r}, port={args.port})")
+    time.sleep(step)
+    sglang_log("Init torch distributed begin.")
+    for m in models:
+        time.sleep(step)
+        sglang_log("Load weight begin. avail mem=139.21 GB")
+        time.sleep(step / 2)
+        sglang_log(f"Load weight end. elapsed={step / 2:.2f} s, type={m}, avail mem=138.90 GB, mem usage=0.31 GB.")
+    for i, _ in enumerate(models):
+        time.sleep(step / 2)
+        sglang_log("Capture cuda graph begin. This can take up to several minutes. avail mem=137.00 GB")
+        if i == 0:
+            first_use_jit()
+        time.sleep(step / 2)
+        sglang_log(f"Capture cuda graph end. Time elapsed: {step / 2:.2f} s. mem usage=0.10 GB. avail mem=136.90 GB.")
 
 
 log(f"server_args: {' '.join(sys.argv[1:])}")
@@ -94,7 +138,7 @@ class Handler(BaseHTTPRequestHandler):
         if self._refused():
             return
         if self.path in ("/health", "/health_generate"):
-            if time.monotonic() < READY_AT:
+            if time.monotonic() < READY_AT or not FIRED_UP.is_set():
                 return self._json({"detail": "loading"}, 503)
             return self._json({})
         if self.path == "/server_info":
@@ -161,4 +205,17 @@ def _die():
 server = ThreadingHTTPServer((args.host, args.port), Handler)
 server.daemon_threads = True
 log(f"Uvicorn running on http://{args.host}:{args.port}")
+
+
+FIRED_UP = threading.Event()
+
+
+def announce():
+    start_up_lines()
+    time.sleep(max(0.0, READY_AT - time.monotonic()))
+    sglang_log("The server is fired up and ready to roll!")
+    FIRED_UP.set()
+
+
+threading.Thread(target=announce, daemon=True).start()
 server.serve_forever()

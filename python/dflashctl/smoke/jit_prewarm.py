@@ -1,0 +1,153 @@
+"""Compile SGLang's JIT kernels in parallel while the servers import, instead of one after another
+inside their first CUDA-graph capture.
+
+On a fresh host SGLang 0.5.11 compiles its tvm-ffi kernels (sglang.jit_kernel: QK-norm, RoPE,
+KV-cache store, activation, ...) with nvcc at their first call, which comes during the first
+CUDA-graph capture: one module after another, about 50 s on the H200 (docs/benchmarks.md), after
+about 20 s of imports. This child of the stack's Python calls SGLang's own module loaders with
+the shapes the servers will use, all at once on separate threads (nvcc runs as a subprocess), in
+the servers' environment, so it builds the same modules into the same cache directories. tvm-ffi
+locks each module's build directory: a server that reaches a kernel still being built waits for
+it instead of compiling it again, and finds the rest built. Nothing here is required: a failed
+or mistaken call only costs CPU time, and the server compiles what it needs as before.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+# What the child runs (python -c SOURCE CALLS_JSON): standard library, torch and SGLang only.
+CHILD = r'''
+import importlib, json, os, sys, time
+from concurrent.futures import ThreadPoolExecutor
+calls = json.loads(sys.argv[1])
+try:
+    import torch
+    def value(a):
+        return getattr(torch, a[6:]) if isinstance(a, str) and a.startswith("torch.") else a
+except ImportError:  # the tests' stand-in SGLang has no torch
+    torch = None
+    def value(a):
+        return a
+t0 = time.monotonic()
+try:
+    from sglang.jit_kernel.utils import get_jit_cuda_arch
+    # load_jit sets and then removes TVM_FFI_CUDA_ARCH_LIST around each build; preset to the same
+    # value it stays set for every thread, so no build sees it missing.
+    os.environ.setdefault("TVM_FFI_CUDA_ARCH_LIST", get_jit_cuda_arch().target_name)
+except ImportError:
+    pass
+loaders = []
+for module, function, args in calls:
+    try:
+        loaders.append(getattr(importlib.import_module(module), function))
+    except Exception as e:
+        loaders.append(e)
+imported = time.monotonic() - t0
+
+def build(i):
+    module, function, args = calls[i]
+    name = f"{module.rsplit('.', 1)[-1]}.{function}({', '.join(map(str, args))})"
+    if isinstance(loaders[i], Exception):
+        return {"call": name, "ok": False, "error": f"{type(loaders[i]).__name__}: {loaders[i]}"}
+    start = time.monotonic()
+    try:
+        built = loaders[i](*[value(a) for a in args])
+        seconds = round(time.monotonic() - start, 2)
+        if built is False:  # the can_use_* loaders log SGLang's reason and answer False
+            return {"call": name, "ok": False, "error": "SGLang could not build it", "seconds": seconds}
+        return {"call": name, "ok": True, "seconds": seconds}
+    except Exception as e:
+        return {"call": name, "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}",
+                "seconds": round(time.monotonic() - start, 2)}
+
+with ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
+    results = list(pool.map(build, range(len(calls))))
+print(json.dumps({"imports_s": round(imported, 2), "calls": results}), flush=True)
+'''
+
+
+def calls_for(config: dict) -> list[list]:
+    """SGLang 0.5.11's JIT module loaders that a Qwen3-style model calls, with its shapes
+    (jit_kernel/norm.py, rope.py, kvcache.py, activation.py, clamp_position.py)."""
+    heads = config.get("num_attention_heads") or 1
+    head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads)
+    kv_heads = config.get("num_key_value_heads") or heads
+    dtype = "torch." + {"float16": "float16", "half": "float16", "float32": "float32"}.get(
+        str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"), "bfloat16")
+    row_bytes = kv_heads * head_dim * (4 if dtype == "torch.float32" else 2)
+    return [
+        ["sglang.jit_kernel.norm", "can_use_fused_inplace_qknorm", [head_dim, dtype]],
+        ["sglang.jit_kernel.rope", "_jit_fused_rope_module", [True, head_dim, dtype]],
+        ["sglang.jit_kernel.kvcache", "can_use_store_cache", [row_bytes]],
+        ["sglang.jit_kernel.activation", "_jit_activation_module", [dtype]],
+        ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int64"]],
+        ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int32"]],
+    ]
+
+
+class Prewarm:
+    """The compiling child, started beside the servers; `result()` collects what it did."""
+
+    def __init__(self, python: str, env: dict, calls: list[list]):
+        self.started = time.monotonic()
+        self.calls = calls
+        self.proc = subprocess.Popen([python, "-c", CHILD, json.dumps(calls)], env=env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self._output: tuple[bytes, bytes] = (b"", b"")
+        self._ended: float | None = None
+        self._waiter = threading.Thread(target=self._wait, daemon=True, name="jit-prewarm")
+        self._waiter.start()
+
+    def _wait(self) -> None:
+        self._output = self.proc.communicate()
+        self._ended = time.monotonic()
+
+    def result(self, timeout: float = 5.0) -> dict:
+        """What it compiled; the servers are ready by now, so a child still running is killed."""
+        self._waiter.join(timeout)
+        if self._ended is None:
+            self.stop()
+            return {"enabled": True, "ok": False, "error": "still compiling when the servers were ready; stopped"}
+        out, err = self._output
+        seconds = round(self._ended - self.started, 2)
+        try:
+            done = json.loads(out.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            tail = err.decode(errors="replace").strip().splitlines()[-3:]
+            return {"enabled": True, "ok": False, "error": f"exited with status {self.proc.returncode}: "
+                                                           + " | ".join(tail)}
+        return {"enabled": True, "ok": all(c["ok"] for c in done["calls"]), "wall_s": seconds, **done}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def line(pre: dict | None) -> str | None:
+    """One line under the table."""
+    if not pre:
+        return None
+    if not pre.get("enabled"):
+        return (f"JIT prewarm: off ({pre.get('reason')}): each server compiled SGLang's kernels one by one "
+                "at first use")
+    if "calls" not in pre:
+        return f"JIT prewarm: failed ({pre.get('error')}); the servers compiled what they needed themselves"
+    ok = [c for c in pre["calls"] if c["ok"]]
+    errors: dict[str, list[str]] = {}
+    for c in pre["calls"]:
+        if not c["ok"]:
+            errors.setdefault(c["error"], []).append(c["call"])
+    text = (f"JIT prewarm: {len(ok)}/{len(pre['calls'])} kernel modules ready {pre['wall_s']:.1f}s after the "
+            f"servers started (imports {pre['imports_s']:.1f}s, slowest build "
+            f"{max((c.get('seconds', 0) for c in ok), default=0):.1f}s)")
+    for error, calls in errors.items():
+        text += f"; not built: {', '.join(calls) if len(calls) < 3 else f'{len(calls)} modules'}: {error}"
+    return text

@@ -1,0 +1,143 @@
+"""Where start-up time goes: the phase parser over SGLang log text, the JIT-cache reader, and
+smoke keeping every server's log. Logs: tests/data/smoke/logs (README there says which are real)."""
+
+import datetime as dt
+import json
+import os
+import re
+
+from test_smoke import DATA, smoke
+
+from dflashctl.smoke import startup
+
+LOGS = DATA / "logs"
+
+
+def test_phases_of_a_fresh_dflash_start_golden():
+    expected = json.loads((LOGS / "DFLASH-fresh-h200-constructed.expected.json").read_text())
+    launched = dt.datetime.fromisoformat(expected["launched"])
+    got = startup.phases((LOGS / "DFLASH-fresh-h200-constructed.log").read_text(), launched, expected["ready_s"])
+    assert got == expected["phases"]
+    assert round(sum(got["seconds"].values()), 3) == expected["ready_s"]  # the phases split the start
+
+
+def test_stamps_without_milliseconds_and_no_cuda_graphs():
+    """SGLang without SGLANG_LOG_MS stamps whole seconds; --no-cuda-graph logs no capture."""
+    log = "\n".join([
+        "[2026-11-30 10:00:21] server_args=ServerArgs(model_path='m')",
+        "[2026-11-30 10:00:30 TP0] Init torch distributed begin.",
+        "[2026-11-30 10:00:31 TP0] Load weight begin. avail mem=139.05 GB",
+        "[2026-11-30 10:00:33 TP0] Load weight end. elapsed=1.90 s, type=Qwen3ForCausalLM",
+        "[2026-11-30 10:00:40] The server is fired up and ready to roll!",
+    ])
+    got = startup.phases(log, dt.datetime(2026, 11, 30, 10, 0, 0, 500000), 41.0)
+    assert got["seconds"] == {"imports": 20.5, "scheduler_start": 9.0, "model_init": 1.0, "weight_load": 2.0,
+                              "memory_pool": None, "cuda_graph_capture": None, "server_warmup": 7.0,
+                              "first_healthy_decode": 1.5}
+    assert got["missing_lines"] == ["Capture cuda graph begin."]
+
+
+def test_a_start_that_died_has_phases_up_to_its_last_line():
+    log = "[2026-11-30 10:00:20.000] server_args=ServerArgs()\n[2026-11-30 10:00:31.000] Load weight begin.\n" \
+          "RuntimeError: CUDA error: out of memory\n"
+    got = startup.phases(log, dt.datetime(2026, 11, 30, 10, 0, 0), None)
+    assert got["seconds"]["imports"] == 20.0 and got["seconds"]["scheduler_start"] == 11.0
+    assert got["seconds"]["weight_load"] == 0.0 and got["seconds"]["first_healthy_decode"] is None
+    assert "Init torch distributed begin." in got["missing_lines"]
+
+
+def touch(path, t, text=""):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.utime(path, (t, t))
+
+
+def test_jit_caches_say_what_compiled_and_when(tmp_path):
+    since = 1_800_000_000.0
+    tvm = tmp_path / "tvm-ffi"
+    touch(tvm / "sgl_kernel_jit_qknorm_64_true_bf16_t_ab12" / "build.ninja", since + 10)
+    touch(tvm / "sgl_kernel_jit_qknorm_64_true_bf16_t_ab12" / "sgl_kernel_jit_qknorm_64_true_bf16_t.so", since + 22)
+    touch(tvm / "sgl_kernel_jit_kvcache_1024_true_cd34" / "build.ninja", since + 15)
+    touch(tvm / "sgl_kernel_jit_kvcache_1024_true_cd34" / "sgl_kernel_jit_kvcache_1024_true.so", since + 30)
+    touch(tvm / "sgl_kernel_jit_rope_old" / "build.ninja", since - 100)  # an earlier start's: a cache hit
+    touch(tvm / "sgl_kernel_jit_rope_old" / "sgl_kernel_jit_rope.so", since - 90)
+    touch(tvm / "sgl_kernel_jit_broken" / "build.ninja", since + 40)  # no .so: failed or unfinished
+    fi = tmp_path / "home" / ".cache" / "flashinfer" / "0.6.8" / "90" / "cached_ops" / "norm"
+    touch(fi / "build.ninja", since + 5)
+    touch(fi / "norm.so", since + 28)
+    triton = tmp_path / "triton"
+    touch(triton / "K1" / "kernel.cubin", since + 31)
+    touch(triton / "K2" / "kernel.cubin", since + 33.5)
+    caches = startup.jit_caches({"HOME": str(tmp_path / "home"), "TVM_FFI_CACHE_DIR": str(tvm)}, str(triton))
+    got = startup.compiled_since(caches, since)
+    assert [m["module"] for m in got["tvm-ffi"]["modules"]] == ["sgl_kernel_jit_qknorm_64_true_bf16_t_ab12",
+                                                               "sgl_kernel_jit_kvcache_1024_true_cd34"]
+    assert (got["tvm-ffi"]["busy_s"], got["tvm-ffi"]["first_s"], got["tvm-ffi"]["last_s"]) == (20.0, 10.0, 30.0)
+    assert got["flashinfer"]["compiled"] == 1 and got["flashinfer"]["busy_s"] == 23.0
+    assert (got["triton"]["compiled"], got["triton"]["first_s"], got["triton"]["last_s"]) == (2, 31.0, 33.5)
+    line = startup.lines({"runs": [], "jit_compiled": got})[0]
+    assert "tvm-ffi 2 modules, compiling 20.0s between 10.0s and 30.0s" in line
+    assert "triton 2 kernels, written between 31.0s and 33.5s" in line
+
+
+def test_smoke_reports_phases_and_keeps_every_log(tmp_path):
+    p = smoke(tmp_path, "--runs", "baseline,DFLASH", "--keep-logs", "logs", "--json", "result.json",
+              FAKE_SGLANG_READY_AFTER="0.8")
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    for run in result["runs"]:
+        kept = tmp_path / "logs" / f"{run['name']}.log"
+        assert run["log"] == str(kept) and "The server is fired up" in kept.read_text()
+        start = run["startup"]
+        assert start["missing_lines"] == [] and abs(start["ready_s"] - run["startup_s"]) < 0.01
+        assert start["weight_loads"] == start["graph_captures"] == (1 if run["name"] == "baseline" else 2)
+        assert abs(sum(start["seconds"].values()) - run["startup_s"]) < 0.01
+        assert all(v is not None for v in start["seconds"].values())
+    assert set(result["jit_compiled"]) == {"tvm-ffi", "flashinfer", "triton"}
+    assert "start-up DFLASH: imports " in p.stdout and "JIT compiled during this smoke" in p.stdout
+    # smoke sets SGLANG_LOG_MS=1 for its servers: stamps with milliseconds
+    assert re.search(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\] Load weight begin",
+                     (tmp_path / "logs" / "DFLASH.log").read_text(), re.M)
+
+
+def test_failed_start_still_keeps_the_log(tmp_path):
+    p = smoke(tmp_path, "--runs", "DFLASH", "--keep-logs", "logs", FAKE_SGLANG_DIE="start")
+    assert p.returncode != 0
+    assert "replayed failure" in (tmp_path / "logs" / "DFLASH.log").read_text()
+
+
+def test_jit_prewarm_builds_the_kernels_before_the_servers_need_them(tmp_path):
+    """The helper calls SGLang's loaders in the servers' environment: the servers' first capture
+    finds every module built (the stand-in's jit_kernel compiles into TVM_FFI_CACHE_DIR)."""
+    p = smoke(tmp_path, "--runs", "baseline,DFLASH", "--keep-logs", "logs", "--json", "result.json",
+              FAKE_SGLANG_READY_AFTER="2")
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    pre = result["jit_prewarm"]
+    assert pre["enabled"] and pre["ok"] and len(pre["calls"]) == 6 and result["settings"]["jit_prewarm"]
+    assert result["jit_compiled"]["tvm-ffi"]["compiled"] == 6
+    for run in ("baseline", "DFLASH"):
+        assert "JIT at first use: built 0, found 4 in the cache" in (tmp_path / "logs" / f"{run}.log").read_text()
+    assert "JIT prewarm: 6/6 kernel modules ready" in p.stdout
+
+
+def test_without_prewarm_the_servers_compile_at_first_use(tmp_path):
+    p = smoke(tmp_path, "--runs", "DFLASH", "--no-jit-prewarm", "--keep-logs", "logs", "--json", "result.json")
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["jit_prewarm"] == {"enabled": False, "reason": "--no-jit-prewarm"}
+    assert result["settings"]["jit_prewarm"] is False
+    assert "JIT at first use: built 4, found 0" in (tmp_path / "logs" / "DFLASH.log").read_text()
+    assert result["jit_compiled"]["tvm-ffi"]["compiled"] == 4
+    assert "JIT prewarm: off (--no-jit-prewarm)" in p.stdout
+
+
+def test_prewarm_calls_follow_the_model_shapes():
+    from dflashctl.smoke import jit_prewarm, synthetic
+    calls = jit_prewarm.calls_for(synthetic.target_config(synthetic.PairShape()))
+    assert ["sglang.jit_kernel.norm", "can_use_fused_inplace_qknorm", [64, "torch.bfloat16"]] in calls
+    assert ["sglang.jit_kernel.kvcache", "can_use_store_cache", [8 * 64 * 2]] in calls
+    qwen3_8b = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "torch_dtype": "bfloat16"}
+    assert ["sglang.jit_kernel.rope", "_jit_fused_rope_module", [True, 128, "torch.bfloat16"]] in \
+        jit_prewarm.calls_for(qwen3_8b)
