@@ -8,6 +8,7 @@ paragraph and exits with its code, never with a traceback.
 OK = 0
 FAILED = 1  # a check found a problem (lock --check, doctor, diff, smoke)
 USAGE = 2  # argparse's own code for bad arguments
+GRAMMAR_VIOLATION = 5  # smoke: a constrained output broke its grammar, or a constrained request failed
 
 # Failures that repeat identically on every start: systemd must not restart them
 # (listed in RestartPreventExitStatus in python/dflashctl/service/data/service-unit.json; a test keeps both in step).

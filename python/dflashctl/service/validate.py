@@ -20,9 +20,11 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 def warnings_for(cfg: InstanceConfig) -> list[str]:
     out = []
     if cfg.grammar_backend == "none":
-        out.append(f"instance {cfg.name!r}: grammarBackend is \"none\": requests with a JSON schema, "
-                   "regex, EBNF or tool calls with strict arguments will be refused; use \"xgrammar\" "
-                   "once the environment's xgrammar works (`dflashctl doctor`)")
+        out.append(f"instance {cfg.name!r}: grammarBackend is \"none\": SGLang will refuse every "
+                   "JSON-schema, regex, EBNF, structural-tag and tool-call request (HTTP 400), so this host "
+                   "cannot serve structured output; with the locked xgrammar all five pass `dflashctl smoke` "
+                   "on an H200 (docs/smoke.md). Use \"xgrammar\" once the environment's xgrammar works "
+                   "(`dflashctl doctor`)")
     if cfg.host in WILDCARD_HOSTS and cfg.api_key_file is None:
         out.append(f"instance {cfg.name!r}: listens on every interface ({cfg.host}) without apiKeyFile")
     return out

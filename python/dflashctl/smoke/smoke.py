@@ -13,12 +13,12 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dflashctl.errors import FAILED, PREFLIGHT_SGLANG, USAGE, DflashError
+from dflashctl.errors import FAILED, GRAMMAR_VIOLATION, PREFLIGHT_SGLANG, USAGE, DflashError
 from dflashctl.service import sglang_features
-from dflashctl.smoke import loadgen, synthetic
+from dflashctl.smoke import grammar, loadgen, synthetic, tokenizer
 from dflashctl.smoke.report import RunResult, summarise, table
 from dflashctl.smoke.servers import SPECULATIVE, Fleet, first_start_note, say, start_server, stop_all
 # /server_info fields kept in the result (the whole answer holds every server argument).
@@ -26,7 +26,8 @@ SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculati
                     "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",
                     "speculative_draft_attention_backend", "cuda_graph_max_bs", "cuda_graph_bs",
                     "disable_cuda_graph", "disable_piecewise_cuda_graph", "mem_fraction_static",
-                    "max_running_requests", "skip_tokenizer_init", "load_format", "tp_size")
+                    "max_running_requests", "skip_tokenizer_init", "load_format", "tp_size",
+                    "grammar_backend", "constrained_json_disable_any_whitespace")
 
 
 def register(subparsers) -> None:
@@ -41,6 +42,9 @@ def register(subparsers) -> None:
     what.add_argument("--runs", default="auto",
                       help="comma list of baseline, DFLASH, DDTREE (default auto: baseline and DFLASH, "
                            "plus DDTREE when the installed SGLang accepts it)")
+    what.add_argument("--no-grammar", action="store_true",
+                      help="skip the grammar phase (constrained requests checked against their grammars; "
+                           "for the synthetic pair it builds a small tokenizer, docs/smoke.md)")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--num-draft-tokens", type=int,
                       help="DFlash block size (default 16 for the synthetic pair, the drafter's own otherwise)")
@@ -101,6 +105,9 @@ class Plan:
     launch: str
     prompts: list  # token-id lists or texts
     settings: dict
+    grammar: bool = False  # run the grammar phase on each server (grammar.py)
+    grammar_servers: list = field(default_factory=list)  # grammar.ServerGrammar per measured server
+    tokenizer: dict | None = None  # what tokenizer.write built for the synthetic target
 
 
 def _usage(what: str, fix: str) -> DflashError:
@@ -166,12 +173,16 @@ def measure(run: str, algorithm: str | None, ep: loadgen.Endpoint, plan: Plan, a
     result.server_info = {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
     states = info.get("internal_states") or [{}]
     result.server_info["avg_spec_accept_length"] = (states[0] or {}).get("avg_spec_accept_length")
+    grammar_recordings: list | None = [] if a.record else None
+    if plan.grammar:
+        plan.grammar_servers.append(grammar.check_server(run, algorithm, ep, info, a.request_timeout, watch,
+                                                         say, grammar_recordings))
     if a.record:
-        _record(Path(a.record) / f"{run}.json", plan, info, recordings)
+        _record(Path(a.record) / f"{run}.json", plan, info, recordings, grammar_recordings)
     return result
 
 
-def _record(path: Path, plan: Plan, server_info: dict, recordings: list) -> None:
+def _record(path: Path, plan: Plan, server_info: dict, recordings: list, grammar_recordings: list) -> None:
     """Each distinct request once (sequential and concurrent send the same prompts)."""
     seen, generate = set(), []
     for rec in recordings:
@@ -181,7 +192,7 @@ def _record(path: Path, plan: Plan, server_info: dict, recordings: list) -> None
             generate.append(asdict(rec))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"settings": plan.settings, "server_info": server_info,
-                                "generate": generate}, indent=1) + "\n")
+                                "generate": generate, "grammar": grammar_recordings}, indent=1) + "\n")
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -204,10 +215,14 @@ def run(a) -> int:
             results, plan = _run_local(a, phases, t0, work)
         phases["total"] = time.monotonic() - t0
         result = summarise(results, plan.settings, phases, plan.synthetic)
-        print(table(result), file=sys.stderr if a.json == "-" else sys.stdout)
+        text = table(result)
+        if plan.grammar:
+            grammar.merge(result, grammar.summary(plan.grammar_servers, plan.tokenizer))
+            text += "\n\n" + grammar.table(result["grammar"])
+        print(text, file=sys.stderr if a.json == "-" else sys.stdout)
         _write_json(a.json, result)
         ok = result["ok"]
-        return 0 if ok else FAILED
+        return _exit_code(result)
     except DflashError as e:
         # A result file must never be a stale one from an earlier run, nor missing for a machine
         # that reads it: the error goes into it, with the exit code the command ends with.
@@ -224,6 +239,14 @@ def run(a) -> int:
                 say(f"kept {work} (models, server logs) for a look")
 
 
+def _exit_code(result: dict) -> int:
+    """0 when all passed; GRAMMAR_VIOLATION when only the grammar phase failed; FAILED otherwise."""
+    if result["ok"]:
+        return 0
+    grammar_failures = set((result.get("grammar") or {}).get("failures", []))
+    return GRAMMAR_VIOLATION if set(result["failures"]) <= grammar_failures else FAILED
+
+
 def _write_json(dest: str | None, result: dict) -> None:
     """--json FILE writes FILE; --json - prints on stdout (the table then went to stderr)."""
     if dest == "-":
@@ -237,7 +260,7 @@ def _settings(a, plan_runs, synthetic_pair, launch, prompt_kind) -> dict:
     return {"runs": plan_runs, "requests": a.requests, "sequential_requests": a.sequential_requests,
             "max_new_tokens": a.max_new_tokens, "input_len": a.input_len, "seed": a.seed,
             "prompts": prompt_kind, "launch": launch, "wait_all": bool(getattr(a, "wait_all", False)),
-            "synthetic": synthetic_pair,
+            "synthetic": synthetic_pair, "grammar": not a.no_grammar,
             "ttft": "first streamed chunk carrying a token (client clock)"}
 
 
@@ -263,7 +286,7 @@ def _run_url(a, phases) -> tuple[list[RunResult], Plan]:
                        else loadgen.token_prompts(a.requests, a.input_len, a.seed))
             kind = "text" if tokenizer else "token ids"
             plan = Plan([], False, "external", prompts,
-                        _settings(a, [], False, "external", kind))
+                        _settings(a, [], False, "external", kind), grammar=not a.no_grammar)
         if algorithm is None and forced is None:
             say(f"note: {url} runs without speculative decoding; measuring plain decoding")
         plan.runs.append(name)
@@ -287,12 +310,17 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
     prompts = (loadgen.token_prompts(a.requests, a.input_len, a.seed) if synthetic_pair
                else loadgen.text_prompts(a.requests))
     plan = Plan(runs, synthetic_pair, launch, prompts,
-                _settings(a, runs, synthetic_pair, launch, "token ids" if synthetic_pair else "text"))
+                _settings(a, runs, synthetic_pair, launch, "token ids" if synthetic_pair else "text"),
+                grammar=not a.no_grammar)
     started = []
     try:
         if synthetic_pair:
-            target, draft = synthetic.write_pair(work / "models", synthetic.shape_for_block(
-                a.num_draft_tokens or synthetic.PairShape().block_size))
+            shape = synthetic.shape_for_block(a.num_draft_tokens or synthetic.PairShape().block_size)
+            target, draft = synthetic.write_pair(work / "models", shape)
+            if plan.grammar:  # SGLang runs a grammar backend only with a tokenizer
+                plan.tokenizer = tokenizer.write(target, shape.vocab_size)
+                phases["tokenizer"] = plan.tokenizer["seconds"]
+                say(f"synthetic tokenizer: {plan.tokenizer['vocab_size']} tokens in {plan.tokenizer['seconds']}s")
             target, draft = str(target), str(draft)
         else:
             target, draft = a.model, a.draft_model
