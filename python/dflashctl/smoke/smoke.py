@@ -217,7 +217,8 @@ def run(a) -> int:
         result = summarise(results, plan.settings, phases, plan.synthetic)
         text = table(result)
         if plan.grammar:
-            grammar.merge(result, grammar.summary(plan.grammar_servers, plan.tokenizer))
+            servers = sorted(plan.grammar_servers, key=lambda g: plan.runs.index(g.run))  # as the runs
+            grammar.merge(result, grammar.summary(servers, plan.tokenizer))
             text += "\n\n" + grammar.table(result["grammar"])
         print(text, file=sys.stderr if a.json == "-" else sys.stdout)
         _write_json(a.json, result)
