@@ -51,7 +51,7 @@ def test_every_constrained_output_is_checked_and_dflash_refusal_is_a_limit(tmp_p
         '<call>{"city":"Paris"}</call>', '{"ok": false, "color": "blue", "size": "L"}',
         'get_weather({"city": "Berlin"})']
     # what the fake reports back is what smoke started it with
-    assert (base["tokenizer"], base["grammar_backend"], base["json_whitespace"]) == (True, "xgrammar", "compact")
+    assert (base["tokenizer"], base["grammar_backend"], base["json_whitespace"]) == (True, "xgrammar", "fixed")
     assert base["verdict"] == "serves structured output (xgrammar): 6/6 outputs match their grammars"
     dflash = server(result, "DFLASH")
     assert [(r["kind"], r["status"], r["http_status"]) for r in dflash["rows"]] == [("regex", "refused", 400)]

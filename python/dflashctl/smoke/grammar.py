@@ -183,7 +183,7 @@ class ServerGrammar:
     version: str | None
     tokenizer: bool
     grammar_backend: str | None
-    json_whitespace: str  # "compact" with --constrained-json-disable-any-whitespace, else "any"
+    json_whitespace: str  # "fixed" separators with --constrained-json-disable-any-whitespace, else "any"
     client: str = ""  # what sent the OpenAI-API requests
     verdict: str = ""
     rows: list[Row] = field(default_factory=list)
@@ -290,7 +290,7 @@ def check_server(run: str, algorithm: str | None, ep: Endpoint, info: dict, time
     `info` is its /server_info; `watch()` raises when the server process died (checked every 0.2 s)."""
     sg = ServerGrammar(run, algorithm, info.get("version"), not info.get("skip_tokenizer_init", False),
                        info.get("grammar_backend"),
-                       "compact" if info.get("constrained_json_disable_any_whitespace") else "any")
+                       "fixed" if info.get("constrained_json_disable_any_whitespace") else "any")
     client = OpenAIClient(ep, timeout)
     sg.client = client.note
     model = None
