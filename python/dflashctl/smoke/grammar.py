@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from dflashctl.errors import DflashError
 from dflashctl.smoke import schema
 from dflashctl.smoke.loadgen import Endpoint, get_json
 from dflashctl.smoke.loadgen import _connection as connection
@@ -277,7 +278,7 @@ def served_model(ep: Endpoint, info: dict) -> str:
         data = get_json(ep, "/v1/models").get("data") or []
         if data and data[0].get("id"):
             return data[0]["id"]
-    except Exception:  # noqa: BLE001 -- an old or proxied server: fall back to /server_info
+    except DflashError:  # an old or proxied server: fall back to /server_info
         pass
     return info.get("served_model_name") or info.get("model_path") or "default"
 
