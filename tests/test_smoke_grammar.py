@@ -13,7 +13,7 @@ import pytest
 
 from dflashctl import errors
 from dflashctl.smoke import loadgen
-from test_smoke import FAKE, PYTHON_DIR, SETTINGS, recordings, running, smoke  # noqa: F401  (running: fixture)
+from test_smoke import DATA, FAKE, PYTHON_DIR, SETTINGS, recordings, running, smoke  # noqa: F401  (running: fixture)
 
 ROWS = [("regex", "/generate"), ("ebnf", "/generate"), ("json_schema", "/generate"),
         ("structural_tag", "/generate"), ("json_schema", "openai client"), ("tool_call", "openai client")]
@@ -121,7 +121,7 @@ def test_a_speculative_server_that_serves_constraints_is_checked_too(tmp_path):
     def accept(output):
         def edit(run, doc):
             if run == "DFLASH":
-                base = json.loads((tmp_path / "recordings" / "baseline.json").read_text())["grammar"][0]
+                base = json.loads((DATA / "baseline.json").read_text())["grammar"][0]
                 for rec in doc["grammar"]:
                     rec.update(status=200, response={**base["response"], "text": output})
         return edit
