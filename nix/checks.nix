@@ -20,6 +20,8 @@ in
           (pkgs.python312.withPackages (p: [
             p.pytest
             p.packaging
+            p.tokenizers # smoke's grammar phase builds the synthetic tokenizer
+            p.openai # and sends chat requests through the OpenAI client
           ]))
           pkgs.git
         ];

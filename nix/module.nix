@@ -65,6 +65,7 @@ let
       "host"
       "port"
       "grammarBackend"
+      "constrainedJsonDisableAnyWhitespace"
       "attentionBackend"
       "memFractionStatic"
       "contextLength"
@@ -276,8 +277,22 @@ let
           default = "xgrammar";
           description = ''
             Constrained decoding backend (`--grammar-backend`); preflight checks it imports with the
-            names SGLang needs. `none` starts faster but refuses JSON-schema, regex and tool-call
-            requests (a NixOS warning says so).
+            names SGLang needs. `none` makes SGLang refuse every JSON-schema, regex, EBNF,
+            structural-tag and tool-call request (the build prints a warning); `dflashctl smoke`
+            checks all five against xgrammar.
+          '';
+        };
+        constrainedJsonDisableAnyWhitespace = mkOption {
+          type = types.bool;
+          default = false;
+          example = true;
+          description = ''
+            JSON constrained by a JSON schema or a `tool_choice` gets fixed separators (`, ` and
+            `: `) instead of any amount of whitespace between its tokens
+            (`--constrained-json-disable-any-whitespace`). A model that does not close its JSON may
+            otherwise pad it with whitespace until `max_tokens`: on an H200, a random-weight model
+            gave 0 of 5 valid JSON answers without it and 5 of 5 with it. The JSON inside a
+            structural tag is not affected.
           '';
         };
         attentionBackend = mkOption {

@@ -103,9 +103,12 @@ def test_servers_start_like_the_service_with_synthetic_flags(tmp_path):
     logs = {run: (tmp_path / "work" / "logs" / f"{run}.log").read_text() for run in ("baseline", "DFLASH")}
     argv = {run: text.splitlines()[0].split("server_args: ")[1].split() for run, text in logs.items()}
     for run, args in argv.items():
-        for flag in ("--skip-tokenizer-init", "--disable-piecewise-cuda-graph"):
+        # the grammar phase: a tokenizer (no --skip-tokenizer-init), xgrammar, compact JSON
+        assert "--skip-tokenizer-init" not in args, run
+        for flag in ("--disable-piecewise-cuda-graph", "--constrained-json-disable-any-whitespace"):
             assert flag in args, (run, flag)
         opt = lambda f: args[args.index(f) + 1]  # noqa: E731
+        assert opt("--grammar-backend") == "xgrammar"
         assert opt("--load-format") == "dummy" and opt("--attention-backend") == "triton"
         assert opt("--mem-fraction-static") == "0.25"  # two or three servers share the GPU
         assert opt("--cuda-graph-max-bs") == "8"
@@ -122,6 +125,23 @@ def test_servers_start_like_the_service_with_synthetic_flags(tmp_path):
     assert len(ports) == 2
     draft = json.loads((tmp_path / "work" / "models" / "draft" / "config.json").read_text())
     assert draft["dflash_config"]["block_size"] == 16
+    target = tmp_path / "work" / "models" / "target"
+    assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= {f.name for f in target.iterdir()}
+
+
+def test_no_grammar_starts_servers_without_a_tokenizer(tmp_path):
+    """--no-grammar: the setup before the grammar phase (token ids in and out, no grammar backend)."""
+    p = smoke(tmp_path, "--work-dir", str(tmp_path / "work"), "--runs", "baseline,DFLASH", "--no-grammar",
+              "--json", "result.json")
+    assert p.returncode == 0, p.stderr
+    for run in ("baseline", "DFLASH"):
+        args = (tmp_path / "work" / "logs" / f"{run}.log").read_text().splitlines()[0].split()
+        assert "--skip-tokenizer-init" in args and "--constrained-json-disable-any-whitespace" not in args
+        assert args[args.index("--grammar-backend") + 1] == "none"
+    assert not (tmp_path / "work" / "models" / "target" / "tokenizer.json").exists()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert "grammar" not in result and result["settings"]["grammar"] is False
+    assert "grammar phase" not in p.stdout
 
 
 def test_num_draft_tokens_sets_block_and_flag(tmp_path):
@@ -287,10 +307,11 @@ def test_server_dying_mid_run_stops_smoke_and_its_helpers(tmp_path):
         pytest.fail("smoke left the dead server's helper process running")
 
 
-def start_fake(tmp_path, run: str, recs: Path, **extra):
+def start_fake(tmp_path, run: str, recs: Path, args=("--skip-tokenizer-init",), **extra):
+    """A stand-in service; `args`: its SGLang flags (default: token ids, as the recordings hold)."""
     extra.setdefault("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm-ffi"))
     port = _free_port()
-    argv = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), "--model-path", "m"]
+    argv = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), "--model-path", "m", *args]
     if run != "baseline":
         argv += ["--speculative-algorithm", run]
     proc = subprocess.Popen(argv, env=env_for(recs, **extra), stdout=subprocess.DEVNULL,
@@ -316,8 +337,8 @@ def _free_port() -> int:
 def running(tmp_path):
     procs = []
 
-    def start(run, recs=None, **extra):
-        proc, url = start_fake(tmp_path, run, recs or recordings(tmp_path), **extra)
+    def start(run, recs=None, args=("--skip-tokenizer-init",), **extra):
+        proc, url = start_fake(tmp_path, run, recs or recordings(tmp_path), args, **extra)
         procs.append(proc)
         return url
     yield start
@@ -351,11 +372,10 @@ def test_url_mode_sends_text_when_the_server_has_a_tokenizer(tmp_path, running):
     texts = loadgen.text_prompts(SETTINGS["requests"])
 
     def with_tokenizer(run, doc):
-        doc["server_info"]["skip_tokenizer_init"] = False
         for g, text in zip(doc["generate"], texts):
             g["request"].pop("input_ids")
             g["request"]["text"] = text
-    url = running("DFLASH", recordings(tmp_path, with_tokenizer))
+    url = running("DFLASH", recordings(tmp_path, with_tokenizer), args=())  # no --skip-tokenizer-init
     p = smoke(tmp_path, "--url", url, "--json", "result.json")
     assert p.returncode == 0, p.stderr  # the stand-in answers only prompts it has recorded
     result = json.loads((tmp_path / "result.json").read_text())
@@ -422,7 +442,8 @@ def test_real_h200_recording_replays_to_the_figures_it_recorded(tmp_path):
     load = ["--requests", str(rec["requests"]), "--sequential-requests", str(rec["sequential_requests"]),
             "--max-new-tokens", str(rec["max_new_tokens"]), "--input-len", str(rec["input_len"]),
             "--seed", str(rec["seed"])]  # later flags win over smoke()'s fixture load
-    p = smoke(tmp_path, *load, "--runs", "baseline,DFLASH", "--json", "result.json", recs=recs)
+    p = smoke(tmp_path, *load, "--runs", "baseline,DFLASH", "--json", "result.json", "--no-grammar",
+              recs=recs)  # recorded before the grammar phase existed
     assert p.returncode == 0, p.stderr
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["ok"] and [r["name"] for r in result["runs"]] == ["baseline", "DFLASH"]

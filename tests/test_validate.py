@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dflashctl import cli, errors
+from dflashctl.service import config
 
 OK = {"name": "a", "model": "Qwen/Qwen3-8B"}
 DFLASH = {**OK, "draftModel": "z-lab/Qwen3-8B-DFlash-b16", "speculative": {"algorithm": "DFLASH"}}
@@ -66,6 +68,11 @@ MALFORMED = [
     ("grammar-unknown", {**OK, "grammarBackend": "xgrammer"},
      'grammarBackend: must be one of "xgrammar", "llguidance", "outlines", "none" (got "xgrammer")'),
     ("grammar-null", {**OK, "grammarBackend": None}, "grammarBackend: must be one of"),
+    ("json-whitespace-string", {**OK, "constrainedJsonDisableAnyWhitespace": "yes"},
+     'constrainedJsonDisableAnyWhitespace: must be true or false (got "yes")'),
+    ("json-whitespace-in-extra-args", {**OK, "extraArgs": ["--constrained-json-disable-any-whitespace"]},
+     "extraArgs: --constrained-json-disable-any-whitespace is set by the option "
+     "constrainedJsonDisableAnyWhitespace"),
     ("mem-fraction-above-one", {**OK, "memFractionStatic": 1.5},
      "memFractionStatic: must be a number greater than 0 and at most 1 (got 1.5)"),
     ("mem-fraction-zero", {**OK, "memFractionStatic": 0}, "memFractionStatic: must be a number greater than 0"),
@@ -190,7 +197,12 @@ def test_valid_settings_pass(tmp_path, capsys, data):
 def test_grammar_none_is_allowed_with_a_warning(tmp_path, capsys):
     rc, text = run_validate(tmp_path, {**OK, "grammarBackend": "none"}, capsys=capsys)
     assert rc == 0
-    assert "warning" in text and "JSON schema" in text and "tool calls" in text
+    # what stops working, and the evidence that the locked xgrammar works
+    assert "warning" in text and "cannot serve structured output" in text
+    assert "JSON-schema, regex, EBNF, structural-tag and tool-call request (HTTP 400)" in text
+    assert "`dflashctl smoke`" in text
+    rc, text = run_validate(tmp_path, OK, capsys=capsys)
+    assert "grammarBackend" not in text
 
 
 def test_json_output(tmp_path, capsys):
@@ -332,3 +344,12 @@ def test_a_repeated_gpu_is_named_once(tmp_path, capsys, gpus):
     assert rc == errors.CONFIG
     assert f"gpus: must be a list without repeats (got {json.dumps(gpus)})" in text
     assert text.count("(got") == 1
+def test_the_module_declares_and_passes_every_setting():
+    """nix/module.nix writes each instance's settings with `lib.getAttrs [ ... ]`: a key missing
+    there (or its option) would never reach dflashctl. Read from the file; tier 2 evaluates it."""
+    text = (Path(__file__).resolve().parent.parent / "nix" / "module.nix").read_text()
+    listed = text[text.index("// lib.getAttrs ["):]
+    listed = set(re.findall(r'"(\w+)"', listed[:listed.index("] i;")]))
+    assert listed == set(config.KEYS)
+    declared = set(re.findall(r"^ {8}(\w+) = mkOption", text, re.M))
+    assert set(config.KEYS) <= declared

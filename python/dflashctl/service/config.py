@@ -56,6 +56,7 @@ class InstanceConfig:
     host: str = "127.0.0.1"
     port: int = 30000
     grammar_backend: str = "xgrammar"
+    constrained_json_disable_any_whitespace: bool = False
     attention_backend: str | None = None
     mem_fraction_static: float | None = None
     context_length: int | None = None
@@ -210,6 +211,7 @@ KEYS = {
     "host": ("host", _str),
     "port": ("port", _int(1, 65535)),
     "grammarBackend": ("grammar_backend", _choice(*GRAMMAR_BACKENDS)),
+    "constrainedJsonDisableAnyWhitespace": ("constrained_json_disable_any_whitespace", _bool),
     "attentionBackend": ("attention_backend", _opt(_str)),
     "memFractionStatic": ("mem_fraction_static", _opt(_fraction)),
     "contextLength": ("context_length", _opt(_int(1))),

@@ -22,6 +22,7 @@ MAPPED_FLAGS = {
     "--tp-size": "tpSize",
     "--tp": "tpSize",
     "--grammar-backend": "grammarBackend",
+    "--constrained-json-disable-any-whitespace": "constrainedJsonDisableAnyWhitespace",
     "--speculative-algorithm": "speculative.algorithm",
     "--speculative-draft-model-path": "draftModel",
     "--speculative-num-draft-tokens": "speculative.numDraftTokens",
@@ -82,6 +83,7 @@ def build_argv(cfg: InstanceConfig, python: str = sys.executable, api_key: str |
     opt("--load-format", cfg.load_format)
     opt("--sampling-backend", cfg.sampling_backend)
     opt("--cuda-graph-max-bs", cfg.cuda_graph_max_bs)
+    switch("--constrained-json-disable-any-whitespace", cfg.constrained_json_disable_any_whitespace)
     switch("--skip-tokenizer-init", cfg.skip_tokenizer_init)
     switch("--disable-cuda-graph", cfg.disable_cuda_graph)
     switch("--enable-metrics", cfg.enable_metrics)

@@ -118,9 +118,13 @@ def instance_settings(a, run: str, target: str, draft: str | None, synthetic_pai
     cache = _triton_cache(a)
     if cache:
         d["environment"]["TRITON_CACHE_DIR"] = cache
+    grammar_phase = not getattr(a, "no_grammar", False)
     if synthetic_pair:
-        d.update({"loadFormat": "dummy", "skipTokenizerInit": True, "grammarBackend": "none",
-                  "samplingBackend": "pytorch"})
+        d.update({"loadFormat": "dummy", "samplingBackend": "pytorch"})
+        if not grammar_phase:  # no tokenizer was written: token ids in and out, no grammar backend
+            d.update({"skipTokenizerInit": True, "grammarBackend": "none"})
+    if grammar_phase:  # a random model pads JSON with whitespace until max_new_tokens without it
+        d["constrainedJsonDisableAnyWhitespace"] = True
     if run in SPECULATIVE:
         d["draftModel"] = draft
         s: dict = {"algorithm": run}

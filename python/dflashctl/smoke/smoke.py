@@ -13,13 +13,13 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dflashctl import __version__
-from dflashctl.errors import FAILED, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE, DflashError
+from dflashctl.errors import FAILED, GRAMMAR_VIOLATION, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE, DflashError
 from dflashctl.service import sglang_features
-from dflashctl.smoke import identity, jit_prewarm, loadgen, startup, synthetic
+from dflashctl.smoke import grammar, identity, jit_prewarm, loadgen, startup, synthetic, tokenizer
 from dflashctl.smoke.report import RunResult, summarise, table
 from dflashctl.smoke.servers import (SPECULATIVE, Fleet, driver_note, first_start_note, say, start_server,
                                      stop_all)
@@ -28,7 +28,8 @@ SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculati
                     "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",
                     "speculative_draft_attention_backend", "cuda_graph_max_bs", "cuda_graph_bs",
                     "disable_cuda_graph", "disable_piecewise_cuda_graph", "mem_fraction_static",
-                    "max_running_requests", "skip_tokenizer_init", "load_format", "tp_size")
+                    "max_running_requests", "skip_tokenizer_init", "load_format", "tp_size",
+                    "grammar_backend", "constrained_json_disable_any_whitespace")
 
 
 def register(subparsers) -> None:
@@ -43,6 +44,9 @@ def register(subparsers) -> None:
     what.add_argument("--runs", default="auto",
                       help="comma list of baseline, DFLASH, DDTREE (default auto: baseline and DFLASH, "
                            "plus DDTREE when the installed SGLang accepts it)")
+    what.add_argument("--no-grammar", action="store_true",
+                      help="skip the grammar phase (constrained requests checked against their grammars; "
+                           "for the synthetic pair it builds a small tokenizer, docs/smoke.md)")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--num-draft-tokens", type=int,
                       help="DFlash block size (default 16 for the synthetic pair, the drafter's own otherwise)")
@@ -117,6 +121,9 @@ class Plan:
     settings: dict
     jit_compiled: dict | None = None  # what the JIT caches gained while the servers started
     jit_prewarm: dict | None = None  # what the prewarm helper compiled (jit_prewarm.py)
+    grammar: bool = False  # run the grammar phase on each server (grammar.py)
+    grammar_servers: list = field(default_factory=list)  # grammar.ServerGrammar per measured server
+    tokenizer: dict | None = None  # what tokenizer.write built for the synthetic target
 
 
 def _usage(what: str, fix: str) -> DflashError:
@@ -186,12 +193,16 @@ def measure(run: str, algorithm: str | None, ep: loadgen.Endpoint, plan: Plan, a
     result.server_info = {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
     states = info.get("internal_states") or [{}]
     result.server_info["avg_spec_accept_length"] = (states[0] or {}).get("avg_spec_accept_length")
+    grammar_recordings: list | None = [] if a.record else None
+    if plan.grammar:
+        plan.grammar_servers.append(grammar.check_server(run, algorithm, ep, info, a.request_timeout, watch,
+                                                         say, grammar_recordings))
     if a.record:
-        _record(Path(a.record) / f"{run}.json", plan, info, recordings)
+        _record(Path(a.record) / f"{run}.json", plan, info, recordings, grammar_recordings)
     return result
 
 
-def _record(path: Path, plan: Plan, server_info: dict, recordings: list) -> None:
+def _record(path: Path, plan: Plan, server_info: dict, recordings: list, grammar_recordings: list) -> None:
     """Each distinct request once (sequential and concurrent send the same prompts)."""
     seen, generate = set(), []
     for rec in recordings:
@@ -201,7 +212,7 @@ def _record(path: Path, plan: Plan, server_info: dict, recordings: list) -> None
             generate.append(asdict(rec))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"settings": plan.settings, "server_info": server_info,
-                                "generate": generate}, indent=1) + "\n")
+                                "generate": generate, "grammar": grammar_recordings}, indent=1) + "\n")
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -231,10 +242,14 @@ def run(a) -> int:
         result["identity"] = ident
         result["jit_compiled"] = plan.jit_compiled
         result["jit_prewarm"] = plan.jit_prewarm
-        print(table(result), file=sys.stderr if a.json == "-" else sys.stdout)
+        text = table(result)
+        if plan.grammar:
+            servers = sorted(plan.grammar_servers, key=lambda g: plan.runs.index(g.run))  # as the runs
+            grammar.merge(result, grammar.summary(servers, plan.tokenizer))
+            text += "\n\n" + grammar.table(result["grammar"])
+        print(text, file=sys.stderr if a.json == "-" else sys.stdout)
         _write_json(a.json, result)
-        ok = result["ok"]
-        return 0 if ok else _exit_code(result)
+        return _exit_code(result)
     except DflashError as e:
         # A result file must never be a stale one from an earlier run, nor missing for a machine
         # that reads it: the error goes into it, with the exit code the command ends with.
@@ -253,9 +268,18 @@ def run(a) -> int:
 
 
 def _exit_code(result: dict) -> int:
-    """NOT_LOSSLESS when differing outputs are all that failed; FAILED when anything else did."""
-    only_lossless = result["lossless_failures"] and len(result["lossless_failures"]) == len(result["failures"])
-    return NOT_LOSSLESS if only_lossless else FAILED
+    """0 when all passed; NOT_LOSSLESS when differing outputs are all that failed; GRAMMAR_VIOLATION
+    when only the grammar phase failed; FAILED when anything else did (or both)."""
+    if result["ok"]:
+        return 0
+    failures = set(result["failures"])
+    lossless = set(result.get("lossless_failures") or [])
+    grammar_failures = set((result.get("grammar") or {}).get("failures", []))
+    if lossless and failures <= lossless:
+        return NOT_LOSSLESS
+    if grammar_failures and failures <= grammar_failures:
+        return GRAMMAR_VIOLATION
+    return FAILED
 
 
 def _write_json(dest: str | None, result: dict) -> None:
@@ -272,7 +296,7 @@ def _settings(a, plan_runs, synthetic_pair, launch, prompt_kind) -> dict:
             "max_new_tokens": a.max_new_tokens, "input_len": a.input_len, "seed": a.seed,
             "prompts": prompt_kind, "launch": launch, "wait_all": bool(getattr(a, "wait_all", False)),
             "jit_prewarm": bool(getattr(a, "jit_prewarm", False)) and launch != "external",
-            "synthetic": synthetic_pair,
+            "synthetic": synthetic_pair, "grammar": not a.no_grammar,
             "ttft": "first streamed chunk carrying a token (client clock)"}
 
 
@@ -298,7 +322,7 @@ def _run_url(a, phases) -> tuple[list[RunResult], Plan]:
                        else loadgen.token_prompts(a.requests, a.input_len, a.seed))
             kind = "text" if tokenizer else "token ids"
             plan = Plan([], False, "external", prompts,
-                        _settings(a, [], False, "external", kind))
+                        _settings(a, [], False, "external", kind), grammar=not a.no_grammar)
         if algorithm is None and forced is None:
             say(f"note: {url} runs without speculative decoding; measuring plain decoding")
         plan.runs.append(name)
@@ -322,12 +346,17 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
     prompts = (loadgen.token_prompts(a.requests, a.input_len, a.seed) if synthetic_pair
                else loadgen.text_prompts(a.requests))
     plan = Plan(runs, synthetic_pair, launch, prompts,
-                _settings(a, runs, synthetic_pair, launch, "token ids" if synthetic_pair else "text"))
+                _settings(a, runs, synthetic_pair, launch, "token ids" if synthetic_pair else "text"),
+                grammar=not a.no_grammar)
     started, prewarm = [], None
     try:
         if synthetic_pair:
-            target, draft = synthetic.write_pair(work / "models", synthetic.shape_for_block(
-                a.num_draft_tokens or synthetic.PairShape().block_size))
+            shape = synthetic.shape_for_block(a.num_draft_tokens or synthetic.PairShape().block_size)
+            target, draft = synthetic.write_pair(work / "models", shape)
+            if plan.grammar:  # SGLang runs a grammar backend only with a tokenizer
+                plan.tokenizer = tokenizer.write(target, shape.vocab_size)
+                phases["tokenizer"] = plan.tokenizer["seconds"]
+                say(f"synthetic tokenizer: {plan.tokenizer['vocab_size']} tokens in {plan.tokenizer['seconds']}s")
             target, draft = str(target), str(draft)
         else:
             target, draft = a.model, a.draft_model

@@ -1,5 +1,10 @@
 """Write baseline.json, DFLASH.json and DDTREE.json: responses in the shape SGLang 0.5.11 sends.
 
+"grammar" holds the answers to the grammar phase (dflashctl/smoke/grammar.py): for the baseline,
+valid outputs of the kind xgrammar gives a random-weight model with the synthetic tokenizer and
+--constrained-json-disable-any-whitespace; for the speculative runs, SGLang 0.5.11's HTTP 400 to
+a constrained request with DFLASH (its scheduler's own message), for text and token-id prompts.
+
 Run from the repository root: python tests/data/smoke/make_fixtures.py
 The format is what `dflashctl smoke --record DIR` writes, so a recording from a GPU run
 (benchmarks/gpu/smoke.sh keeps one in $OUT/recorded) can replace these files as they are.
@@ -11,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "python"))
-from dflashctl.smoke import loadgen  # noqa: E402  (the same prompts smoke sends)
+from dflashctl.smoke import grammar, loadgen  # noqa: E402  (the same requests smoke sends)
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = {"requests": 4, "sequential_requests": 2, "max_new_tokens": 16, "input_len": 8, "seed": 0}
@@ -62,6 +67,64 @@ def response(run: str, index: int, prompt: list[int]) -> dict:
     return {"request": request, "chunk_tokens": chunk_tokens, "final": {"output_ids": ids, "meta_info": meta}}
 
 
+MODEL = "/tmp/dflash-smoke/models/target"
+VALID = {  # (kind, api) -> output
+    ("regex", "generate"): "yes, 733 apples",
+    ("ebnf", "generate"): "bonjour Paris!",
+    ("json_schema", "generate"): '{"ok": false, "color": "green", "size": "L"}',
+    ("structural_tag", "generate"): '<call>{"city":"Paris"}</call>',
+    ("json_schema", "openai"): '{"ok": false, "color": "blue", "size": "L"}',
+    ("tool_call", "openai"): '{"city": "Berlin"}',  # the arguments of get_weather
+}
+REFUSAL = "{run} speculative decoding does not support grammar-constrained decoding yet."  # scheduler.py
+
+
+def generate_answer(i: int, text: str) -> dict:
+    ids = [100 + (7 * i + 3 * j) % 2900 for j in range(len(text) // 2 + 1)]
+    return {"text": text, "output_ids": ids,
+            "meta_info": {"id": f"grammar-{i:04x}", "finish_reason": {"type": "stop", "matched": 0},
+                          "prompt_tokens": 9, "weight_version": "default", "total_retractions": 0,
+                          "completion_tokens": len(ids), "cached_tokens": 0, "e2e_latency": 0.05}}
+
+
+def chat_answer(i: int, case: grammar.Case, output: str) -> dict:
+    message = {"role": "assistant", "content": output, "reasoning_content": None, "tool_calls": None}
+    finish = "stop"
+    if case.kind == "tool_call":
+        message["content"] = None
+        message["tool_calls"] = [{"id": f"call_{i:08x}", "index": 0, "type": "function",
+                                  "function": {"name": "get_weather", "arguments": output}}]
+        finish = "tool_calls"
+    n = len(output) // 2 + 1
+    return {"id": f"chat-{i:04x}", "object": "chat.completion", "created": 1764460800, "model": MODEL,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+                         "matched_stop": None if case.kind == "tool_call" else 0}],
+            "usage": {"prompt_tokens": 12, "total_tokens": 12 + n, "completion_tokens": n,
+                      "prompt_tokens_details": None, "reasoning_tokens": 0},
+            "metadata": {"weight_version": "default"}}
+
+
+def grammar_answers(run: str) -> list[dict]:
+    """What the grammar phase records: request, status, response (grammar.check_server)."""
+    out = []
+    if run == "baseline":
+        for i, case in enumerate(grammar.CASES):
+            output = VALID[(case.kind, case.api)]
+            if case.api == "generate":
+                path, body, answer = "/generate", grammar.generate_body(case), generate_answer(i, output)
+            else:
+                path, body = "/v1/chat/completions", grammar.chat_body(case, MODEL)
+                answer = chat_answer(i, case, output)
+            out.append({"kind": case.kind, "api": case.api, "request": {"path": path, "body": body},
+                        "status": 200, "response": answer, "error": None})
+        return out
+    for ids in (None, grammar.PROBE_IDS):  # a server with a tokenizer, and one without
+        out.append({"kind": grammar.PROBE.kind, "api": "generate",
+                    "request": {"path": "/generate", "body": grammar.generate_body(grammar.PROBE, ids)},
+                    "status": 400, "response": {"error": {"message": REFUSAL.format(run=run)}}, "error": None})
+    return out
+
+
 def main() -> None:
     prompts = loadgen.token_prompts(SETTINGS["requests"], SETTINGS["input_len"], SETTINGS["seed"])
     for run in STEPS:
@@ -71,7 +134,7 @@ def main() -> None:
             avg = round(sum(g["final"]["meta_info"]["completion_tokens"] for g in gen)
                         / sum(g["final"]["meta_info"]["spec_verify_ct"] for g in gen), 4)
         doc = {"settings": {**SETTINGS, "prompts": "token ids", "origin": "tests/data/smoke/make_fixtures.py"},
-               "server_info": server_info(run, avg), "generate": gen}
+               "server_info": server_info(run, avg), "generate": gen, "grammar": grammar_answers(run)}
         (HERE / f"{run}.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 

@@ -3,7 +3,11 @@
 Reads FAKE_SGLANG_RECORDINGS/<baseline|DFLASH|DDTREE>.json (the format `dflashctl smoke --record`
 writes) and answers /health_generate, /server_info, /model_info and streamed /generate like
 SGLang 0.5.11: cumulative `output_ids`, `meta_info` on every chunk, the speculative counters on the
-last one, then `data: [DONE]`.
+last one, then `data: [DONE]`. Constrained requests (a regex, ebnf, json_schema or structural_tag in
+sampling_params, and POST /v1/chat/completions) are answered from the recording's "grammar" list,
+matched on path and body (the model name aside), with the recorded status and JSON. /server_info
+reports skip_tokenizer_init, grammar_backend and constrained_json_disable_any_whitespace as this
+process was started, so tests see the flags smoke passed.
 
 FAKE_SGLANG_DIE=start        exit 1 while "loading" (after FAKE_SGLANG_DIE_AFTER s), an error in the log
 FAKE_SGLANG_DIE=generate:N   on the N-th /generate, after its first chunk: the server process exits
@@ -34,6 +38,8 @@ p.add_argument("--host", default="127.0.0.1")
 p.add_argument("--port", type=int, required=True)
 p.add_argument("--speculative-algorithm")
 p.add_argument("--skip-tokenizer-init", action="store_true")
+p.add_argument("--grammar-backend")
+p.add_argument("--constrained-json-disable-any-whitespace", action="store_true")
 args, _unknown = p.parse_known_args()
 
 run = args.speculative_algorithm or "baseline"
@@ -41,6 +47,16 @@ with open(os.path.join(os.environ["FAKE_SGLANG_RECORDINGS"], f"{run}.json")) as 
     REC = json.load(f)
 BY_PROMPT = {json.dumps(g["request"].get("input_ids") or g["request"].get("text")): g
              for g in REC["generate"]}
+
+
+def grammar_key(path, body):
+    return json.dumps({"path": path, "body": {k: v for k, v in body.items() if k != "model"}}, sort_keys=True)
+
+
+GRAMMAR = {grammar_key(g["request"]["path"], g["request"]["body"]): g for g in REC.get("grammar") or []}
+SERVER_INFO = {**REC["server_info"], "skip_tokenizer_init": args.skip_tokenizer_init,
+               "grammar_backend": args.grammar_backend,
+               "constrained_json_disable_any_whitespace": args.constrained_json_disable_any_whitespace}
 DIE, _, DIE_RUN = os.environ.get("FAKE_SGLANG_DIE", "").partition("@")
 if DIE_RUN and DIE_RUN != run:
     DIE = ""
@@ -142,7 +158,10 @@ class Handler(BaseHTTPRequestHandler):
                 return self._json({"detail": "loading"}, 503)
             return self._json({})
         if self.path == "/server_info":
-            return self._json(REC["server_info"])
+            return self._json(SERVER_INFO)
+        if self.path == "/v1/models":
+            return self._json({"object": "list", "data": [{"id": args.model_path, "object": "model",
+                                                           "owned_by": "sglang", "root": args.model_path}]})
         if self.path == "/model_info":
             return self._json({"model_path": args.model_path, "is_generation": True})
         self._json({"detail": "Not Found"}, 404)
@@ -151,9 +170,18 @@ class Handler(BaseHTTPRequestHandler):
         global generate_count
         if self._refused():
             return
-        if self.path != "/generate":
+        if self.path not in ("/generate", "/v1/chat/completions"):
             return self._json({"detail": "Not Found"}, 404)
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        constrained = any(k in (req.get("sampling_params") or {})
+                          for k in ("regex", "ebnf", "json_schema", "structural_tag"))
+        if self.path != "/generate" or constrained:
+            rec = GRAMMAR.get(grammar_key(self.path, req))
+            if rec is None:
+                log(f"no recorded answer for {grammar_key(self.path, req)[:300]}")
+                return self._json({"error": {"message": "no recorded response for this constrained request"}},
+                                  404)
+            return self._json(rec["response"], rec["status"] or 500)
         prompt = json.dumps(req.get("input_ids") or req.get("text"))
         rec = BY_PROMPT.get(prompt)
         if rec is None:
