@@ -19,6 +19,6 @@ def notify(message: str, env: dict[str, str] | None = None) -> bool:
     return True
 
 
-def status(text: str) -> bool:
+def status(text: str, limit: int = 200) -> bool:
     # STATUS= is one line in `systemctl status`: keep it short and single-line.
-    return notify("STATUS=" + " ".join(text.split())[:200])
+    return notify("STATUS=" + " ".join(text.split())[:limit])

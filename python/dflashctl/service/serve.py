@@ -140,6 +140,25 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    try:
+        return _run(args)
+    except DflashError as e:
+        # Without this, `systemctl status` would keep showing the last progress line
+        # ("preflight: checking ...") next to the failed unit.
+        sdnotify.status(failure_status(e), limit=STATUS_FAILURE_LIMIT)
+        raise
+
+
+STATUS_FAILURE_LIMIT = 400  # what failed plus its fix; longer than a progress line
+
+
+def failure_status(e: DflashError) -> str:
+    """One line for systemd's StatusText: the exit code, what failed, and the fix."""
+    text = f"failed (exit {e.exit_code}): {e.what}"
+    return text + (f"; fix: {e.fix}" if e.fix else "")
+
+
+def _run(args) -> int:
     env = dict(os.environ)
     cfg = config.load(args.config)
     for w in warnings_for(cfg):
@@ -168,9 +187,6 @@ def run(args) -> int:
         rc = server.stop(STOP_GRACE_S)
         say(f"SGLang stopped with status {_describe(rc) if rc is not None else 'not started'}")
         return OK
-    except DflashError as e:
-        sdnotify.status(f"failed: {e.what}")
-        raise
     finally:
         for s, h in old.items():
             signal.signal(s, h)
