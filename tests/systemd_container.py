@@ -117,6 +117,36 @@ def _finish_root(root: Path) -> None:
     (root / "etc/hostname").write_text("dflash-test\n")
 
 
+MACHINE_PREFIX = "dflash-test-"  # + the pid of the test process that booted it
+
+
+def reap_orphans() -> list[int]:
+    """Kill containers whose test process is gone (killed before its finalizers ran); returns their pids.
+
+    Only nspawn processes named MACHINE_PREFIX<pid> whose <pid> no longer exists: a container of
+    another test session that is still running is left alone.
+    """
+    reaped = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not argv or not argv[0].endswith(b"systemd-nspawn"):
+            continue
+        owner = next((a[len(b"--machine=" + MACHINE_PREFIX.encode()):] for a in argv
+                      if a.startswith(b"--machine=" + MACHINE_PREFIX.encode())), b"")
+        if owner.isdigit() and not Path(f"/proc/{int(owner)}").exists():
+            try:
+                os.killpg(int(entry.name), signal.SIGKILL)  # booted with its own process group
+                reaped.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                pass
+    return reaped
+
+
 class Container:
     """One booted container. Always end it with shutdown() (the fixture's finalizer does)."""
 
@@ -128,10 +158,12 @@ class Container:
     # --- life cycle ------------------------------------------------------------------------------
     def boot(self, timeout: float = BOOT_TIMEOUT_S) -> float:
         """Start systemd in the container; returns the seconds until it reports the system up."""
+        for pid in reap_orphans():
+            print(f"killed the container of a test process that is gone (systemd-nspawn {pid})")
         started = time.monotonic()
         argv = ["systemd-nspawn", "-D", str(self.root), "--boot", "--register=no", "--keep-unit",
                 "--console=pipe", "--private-network", "--volatile=overlay",
-                f"--machine=dflash-test-{os.getpid()}"]
+                f"--machine={MACHINE_PREFIX}{os.getpid()}"]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             # Own process group and session: shutdown() can end everything it started at once.

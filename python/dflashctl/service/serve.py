@@ -187,6 +187,9 @@ def _run(args) -> int:
         rc = server.stop(STOP_GRACE_S)
         say(f"SGLang stopped with status {_describe(rc) if rc is not None else 'not started'}")
         return OK
+    except DflashError as e:
+        sdnotify.status(f"failed: {e.what}")
+        raise
     finally:
         for s, h in old.items():
             signal.signal(s, h)

@@ -13,7 +13,6 @@ and exits 0 on SIGTERM. For the systemd tier (tests/test_systemd.py), also:
   STANDIN_MARK=1      append "pid uid" to standin-starts in $HOME and in $HF_HOME
   STANDIN_JIT=1       first compile and run, with `c++` from PATH in $HOME/jit, a program that
                       dlopens a shared library, as SGLang's first start does (exit 5 if that fails)
-  STANDIN_QUIET=1     no access log lines (a server that makes no progress at all)
 """
 
 import http.server
@@ -66,8 +65,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
 
     def log_message(self, fmt, *a):
-        if os.environ.get("STANDIN_QUIET") != "1":
-            print("standin: " + fmt % a, flush=True)
+        print("standin: " + fmt % a, flush=True)
 
 
 def exit_now(code: int) -> None:
