@@ -24,6 +24,7 @@ from pathlib import Path
 SUITES = {"trixie": 257, "bookworm": 252}
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "python3-packaging",
             "python3-setuptools", "g++"]
+EXTRA_PACKAGES = {"bookworm": ["python3-wheel"]}  # its setuptools 66 builds wheels only with `wheel`
 RECIPE = 1  # bump when how a root is made changes
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 BUILD_TIMEOUT_S = 1200
@@ -52,8 +53,12 @@ def cache_dir() -> Path:
     return Path(xdg) / "dflash-tests"
 
 
+def packages(suite: str) -> list[str]:
+    return PACKAGES + EXTRA_PACKAGES.get(suite, [])
+
+
 def root_key(suite: str) -> str:
-    recipe = json.dumps({"suite": suite, "packages": PACKAGES, "recipe": RECIPE}, sort_keys=True)
+    recipe = json.dumps({"suite": suite, "packages": packages(suite), "recipe": RECIPE}, sort_keys=True)
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
@@ -91,7 +96,7 @@ def ensure_root(suite: str, log=print) -> Path:
         _remove_tree(final)
         partial.mkdir()
         mirror = os.environ.get("DFLASH_DEBIAN_MIRROR", DEFAULT_MIRROR)
-        argv = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), suite,
+        argv = ["debootstrap", "--variant=minbase", "--include=" + ",".join(packages(suite)), suite,
                 str(partial / "root"), mirror]
         log(f"building the {suite} container root (once; cached in {final}): {' '.join(argv)}")
         started = time.monotonic()
@@ -101,7 +106,7 @@ def ensure_root(suite: str, log=print) -> Path:
             tail = (partial / "debootstrap.log").read_text()[-3000:]
             raise RuntimeError(f"debootstrap {suite} failed ({r.returncode}):\n{tail}")
         _finish_root(partial / "root")
-        (partial / "ok").write_text(json.dumps({"suite": suite, "packages": PACKAGES, "recipe": RECIPE,
+        (partial / "ok").write_text(json.dumps({"suite": suite, "packages": packages(suite), "recipe": RECIPE,
                                                 "seconds": round(time.monotonic() - started, 1)}))
         partial.rename(final)
         log(f"built the {suite} root in {time.monotonic() - started:.0f} s")

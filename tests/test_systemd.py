@@ -197,8 +197,8 @@ def instance_name(scenario: str, unit_source: str) -> str:
 
 
 @pytest.fixture
-def deploy(container, unit_source, request):
-    """deploy(scenario, standin={...}, settings={...}, preflight=False, dropin="") -> Instance, started never."""
+def deploy(container, unit_source):
+    """deploy(scenario, standin={...}, settings={...}, preflight=False, dropin="") -> an Instance, not started."""
     made: list[Instance] = []
 
     def make(scenario: str, standin: dict | None = None, settings: dict | None = None,
