@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.systemd, pytest.mark.slow]
 
 
 def _suites() -> list[str]:
-    return os.environ.get("DFLASH_SYSTEMD_SUITES", "trixie").split(",")
+    return os.environ.get("DFLASH_SYSTEMD_SUITES", "trixie,bookworm").split(",")
 
 
 # --- the container ----------------------------------------------------------------------------------
@@ -299,7 +299,7 @@ def test_configured_backoff_as_systemd_reads_it(deploy):
         assert int(view["RestartSteps"]) == s["RestartSteps"]
         assert usec(view["RestartMaxDelayUSec"]) == usec(s["RestartMaxDelaySec"])
     else:
-        assert "RestartSteps" not in inst.text
+        assert not re.search(r"^Restart(Steps|MaxDelaySec)=", inst.text, re.M)  # left out for this systemd
 
 
 # Shorter than the unit's (5 s growing to 300 s, 5 starts per 30 min), so the whole ladder and the
