@@ -11,8 +11,9 @@ let
   inherit (pkgs) lib;
 in
 {
-  # Tier 1's pytest suite, offline, with the tests that need the index or a GPU deselected
-  # (and those that need the nix binary skipped: there is no store inside a build).
+  # Tier 1's pytest suite, offline, with the tests that need the index, a GPU or a booted container
+  # (systemd tier: root and systemd-nspawn) deselected, and those that need the nix binary skipped:
+  # there is no store inside a build.
   pytest =
     pkgs.runCommand "dflash-check-pytest"
       {
@@ -31,7 +32,7 @@ in
         chmod -R u+w source
         cd source/tests
         export HOME=$TMPDIR PYTHONPATH=$PWD/../python DFLASH_OFFLINE=1
-        python -m pytest -m "not network and not gpu" -p no:cacheprovider -q
+        python -m pytest -m "not network and not gpu and not systemd" -p no:cacheprovider -q
         touch $out
       '';
 

@@ -185,6 +185,10 @@ def test_preflight_failure_in_a_broken_environment(serve, tmp_path):
     assert proc.returncode in errors.NO_RESTART and proc.returncode != errors.CONFIG, err
     assert "preflight" in err and "SGLang was not started" in err and "fix:" in err
     assert not (proc.tmp / "argv.json").exists()
+    proc.notify.drain()  # systemd's StatusText is the last STATUS=: the failure and its fix
+    last = [m for m in proc.notify.messages if m.startswith("STATUS=")][-1]
+    assert last.startswith(f"STATUS=failed (exit {proc.returncode}): preflight: "), last
+    assert "SGLang was not started" in last and "1. " in last and "fix: " in last, last  # the list
 
 
 def test_dry_run_prints_the_command(tmp_path, capsys):

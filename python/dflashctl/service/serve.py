@@ -135,10 +135,13 @@ def preflight_failure(failed: list, total: int, python: str) -> DflashError:
     doctor = f"dflashctl doctor --python {python}"
     head = f"preflight: {len(failed)} of {total} checks failed; SGLang was not started"
     items = [f"{i}. {c.name}: {c.summary}\n   fix: {c.fix}" for i, c in enumerate(failed, 1)]
-    sdnotify.status(f"{head} (evidence: {doctor}): " + " | ".join(items), limit=STATUS_LIMIT)
-    return DflashError(head, "in root-cause order:\n" + _indent("\n".join(items)),
-                       f"fix them in this order (the first is the likeliest root cause); `{doctor}` "
-                       "shows every check with its evidence", failed[0].exit_code)
+    listed = f"{head} (evidence: {doctor}): " + " | ".join(items)
+    sdnotify.status(listed, limit=STATUS_LIMIT)
+    err = DflashError(head, "in root-cause order:\n" + _indent("\n".join(items)),
+                      f"fix them in this order (the first is the likeliest root cause); `{doctor}` "
+                      "shows every check with its evidence", failed[0].exit_code)
+    err.status = listed  # what run() leaves in StatusText: every failure with its fix
+    return err
 
 
 def jit_toolchain_warnings(env: dict[str, str]) -> list[str]:
@@ -201,6 +204,29 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    try:
+        return _run(args)
+    except DflashError as e:
+        # Without this, `systemctl status` would keep showing the last progress line
+        # ("preflight: checking ...") next to the failed unit.
+        listed = getattr(e, "status", None)
+        if listed:
+            sdnotify.status(f"failed (exit {e.exit_code}): {listed}", limit=STATUS_LIMIT)
+        else:
+            sdnotify.status(failure_status(e), limit=STATUS_FAILURE_LIMIT)
+        raise
+
+
+STATUS_FAILURE_LIMIT = 400  # what failed plus its fix; longer than a progress line
+
+
+def failure_status(e: DflashError) -> str:
+    """One line for systemd's StatusText: the exit code, what failed, and the fix."""
+    text = f"failed (exit {e.exit_code}): {e.what}"
+    return text + (f"; fix: {e.fix}" if e.fix else "")
+
+
+def _run(args) -> int:
     env = dict(os.environ)
     cfg = config.load(args.config)
     for w in warnings_for(cfg):

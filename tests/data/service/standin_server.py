@@ -10,13 +10,19 @@ Takes SGLang's flags (uses --port and --host, ignores the rest) and behaves as S
                    loading line every STANDIN_PROGRESS_EVERY seconds for STANDIN_STALL_AFTER seconds,
                    then "Capturing CUDA graphs", then nothing more
 It writes its argv as JSON to STANDIN_ARGV_FILE, appends a line to STANDIN_OK_FILE before each 200,
-and exits 0 on SIGTERM.
+and exits 0 on SIGTERM. For the systemd tier (tests/test_systemd.py), also:
+  STANDIN_CHILDREN=N  start N helper processes in its process group that ignore SIGTERM (SGLang's
+                      scheduler and detokenizer stay in the group; a stuck one must still go)
+  STANDIN_MARK=1      append "pid uid" to standin-starts in $HOME and in $HF_HOME
+  STANDIN_JIT=1       first compile and run, with `c++` from PATH in $HOME/jit, a program that
+                      dlopens a shared library, as SGLang's first start does (exit 5 if that fails)
 """
 
 import http.server
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -86,6 +92,52 @@ def die_after_ready():
     exit_now(4)
 
 
+JIT_LIB = 'extern "C" int answer() { return 42; }\n'
+JIT_MAIN = r"""#include <dlfcn.h>
+#include <cstdio>
+int main(int argc, char **argv) {
+  void *lib = dlopen(argv[1], RTLD_NOW);
+  if (!lib) { std::printf("dlopen failed: %s\n", dlerror()); return 1; }
+  auto answer = reinterpret_cast<int (*)()>(dlsym(lib, "answer"));
+  std::printf("answer=%d\n", answer ? answer() : -1);
+  return 0;
+}
+"""
+
+
+def jit_build() -> None:
+    """Compile a shared library and a program that dlopens it, under $HOME, and run the program."""
+    work = os.path.join(os.environ["HOME"], "jit")
+    os.makedirs(work, exist_ok=True)
+    for name, text in (("answer.cpp", JIT_LIB), ("main.cpp", JIT_MAIN)):
+        with open(os.path.join(work, name), "w") as f:
+            f.write(text)
+    cxx = os.environ.get("CXX", "c++")
+    steps = [[cxx, "-shared", "-fPIC", "-O1", "-o", "libanswer.so", "answer.cpp"],
+             [cxx, "-O1", "-o", "main", "main.cpp", "-ldl"], ["./main", os.path.join(work, "libanswer.so")]]
+    for argv in steps:
+        r = subprocess.run(argv, cwd=work, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"standin: jit step {argv} failed ({r.returncode}): {r.stdout}{r.stderr}", flush=True)
+            exit_now(5)
+    print(f"standin: jit ok: {r.stdout.strip()} (built in {work})", flush=True)
+
+
+def helper_child() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(3600)
+
+
+for _ in range(int(os.environ.get("STANDIN_CHILDREN", "0"))):
+    if os.fork() == 0:
+        helper_child()
+if os.environ.get("STANDIN_MARK") == "1":
+    for directory in {os.environ["HOME"], os.environ["HF_HOME"]}:  # often one and the same
+        with open(os.path.join(directory, "standin-starts"), "a") as f:
+            f.write(f"{os.getpid()} {os.getuid()}\n")
+if os.environ.get("STANDIN_JIT") == "1":
+    jit_build()
 if mode == "crash":
     threading.Thread(target=crash_later, daemon=True).start()
 if mode == "die-after-ready":

@@ -1,0 +1,452 @@
+"""The service under a real systemd: a Debian container booted with systemd-nspawn (the `systemd` tier).
+
+Each scenario installs one instance's unit in the container, drives it with systemctl and asserts
+systemd's own view of it (`systemctl show` properties, `journalctl -u` lines), not only dflashctl's
+output. The unit text comes from `dflashctl unit` (run inside the container, against its systemd)
+or from the NixOS module's evaluation (tests/module_harness.py); everything else is the same.
+SGLang is the stand-in server (tests/data/service/standin_server.py) except in the broken-host
+scenario, where the real preflight runs on a host without an NVIDIA driver.
+
+Not provable here: device access. DevicePolicy=closed is not enforced inside the container (it
+does not block /dev/zero there), so DeviceAllow is covered by resolving it against recorded
+/proc/devices (tests/test_unit.py), and for real on the GPU host.
+"""
+
+import json
+import os
+import re
+import shlex
+import time
+from pathlib import Path
+
+import pytest
+
+from dflashctl import errors
+from dflashctl.service import unit as unit_mod
+from systemd_container import SUITES, Container, ensure_root, unavailable
+
+HERE = Path(__file__).parent
+REPO = HERE.parent
+STANDIN = HERE / "data" / "service" / "standin_server.py"
+VENV = "/opt/dflash"  # dflashctl's venv in the container
+DFLASHCTL = f"{VENV}/bin/dflashctl"
+TEST_DIR = "/opt/dflash-test"
+LAUNCHER = f"{VENV}/bin/python {TEST_DIR}/standin_server.py"
+WAIT_S = 60  # a bound on every wait below; no scenario should come near it
+SERVER_STALLED = getattr(errors, "SERVER_STALLED", 93)  # issue 15 adds it
+
+pytestmark = [pytest.mark.systemd, pytest.mark.slow]
+
+
+def _suites() -> list[str]:
+    return os.environ.get("DFLASH_SYSTEMD_SUITES", "trixie,bookworm").split(",")
+
+
+# --- the container ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", params=_suites())
+def container(request, tmp_path_factory):
+    reason = unavailable()
+    if reason:
+        if os.environ.get("DFLASH_REQUIRE_SYSTEMD") == "1":
+            pytest.fail(f"tests/run requires the systemd tier here, but: {reason}")
+        pytest.skip(f"systemd tier: {reason}")
+    suite = request.param
+    if suite not in SUITES:
+        pytest.fail(f"DFLASH_SYSTEMD_SUITES: unknown suite {suite!r} (known: {', '.join(SUITES)})")
+    root = ensure_root(suite)
+    c = Container(root, tmp_path_factory.mktemp(f"nspawn-{suite}") / "console.log")
+    request.addfinalizer(c.shutdown)  # before boot: a failed boot is cleaned up too
+    booted = c.boot()
+    started = time.monotonic()
+    c.suite, c.systemd = suite, SUITES[suite]
+    c.copy_tree(REPO / "python", "/opt/dflash-src")
+    c.write(f"{TEST_DIR}/standin_server.py", STANDIN.read_text())
+    # Debian's own packaging and setuptools, no package index: the container needs no network.
+    c.run(["python3", "-m", "venv", "--system-site-packages", VENV])
+    c.run([f"{VENV}/bin/pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
+           "/opt/dflash-src"], timeout=180)
+    version = c.run(["systemctl", "--version"]).stdout.split()[1]
+    assert version == str(SUITES[suite]), version
+    print(f"\nsystemd tier: {suite} (systemd {version}) booted in {booted:.1f} s, "
+          f"dflashctl installed in {time.monotonic() - started:.1f} s")
+    return c
+
+
+# --- unit text sources ------------------------------------------------------------------------------
+
+
+def dflashctl_unit_text(c: Container, name: str, settings: dict) -> str:
+    """What a user on a non-NixOS host runs: `dflashctl unit`, against the container's systemd."""
+    return c.run([DFLASHCTL, "unit", "--config", f"/etc/dflash/{name}.json", "--dflashctl", DFLASHCTL,
+                  "--config-path", f"/etc/dflash/{name}.json"]).stdout
+
+
+def nixos_module_text(c: Container, name: str, settings: dict) -> str:
+    """The unit the NixOS module's evaluation renders, with its store paths pointed at the container's."""
+    import module_harness  # issue 9; checked for by the fixture
+    options = {k: v for k, v in settings.items() if k != "name"}  # the attribute name is the name
+    text = module_harness.module_unit_text({name: options}, name)
+    return adapt_nixos_unit(text, f"{DFLASHCTL} serve --config /etc/dflash/{name}.json")
+
+
+def adapt_nixos_unit(text: str, exec_start: str) -> str:
+    """Replace what points into /nix/store (ExecStart, the unit's PATH) with the container's own.
+
+    Everything else (hardening, restart policy, credentials, directories) is kept as rendered. Any
+    other store path is an error: it would silently not exist in the container.
+    """
+    out = []
+    for line in text.splitlines():
+        if line.startswith("ExecStart="):
+            line = f"ExecStart={exec_start}"
+        elif line.startswith("Environment=") and "PATH=/nix/store" in line:
+            line = "Environment=PATH=/usr/local/bin:/usr/bin:/bin"
+        elif "/nix/store/" in line and not line.startswith("#"):
+            raise AssertionError(f"the module's unit has a store path the container lacks: {line}")
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+UNIT_SOURCES = {"dflashctl_unit": dflashctl_unit_text, "nixos_module": nixos_module_text}
+
+
+@pytest.fixture(params=list(UNIT_SOURCES))
+def unit_source(request):
+    if request.param == "nixos_module" and not (HERE / "module_harness.py").exists():
+        pytest.skip("tests/module_harness.py (issue 9, the NixOS module's unit text) is not on this branch yet")
+    return request.param
+
+
+# --- one instance -----------------------------------------------------------------------------------
+
+
+class Instance:
+    def __init__(self, c: Container, name: str):
+        self.c, self.name, self.unit = c, name, f"dflash-{name}.service"
+        self.home = f"/var/cache/dflash-{name}"  # CacheDirectory=%N, HOME and HF_HOME by default
+        self.sglang_log = f"/var/log/dflash-{name}/dflash-{name}-sglang.log"  # LogsDirectory=%N
+
+    def systemctl(self, *args, check=False, timeout=WAIT_S):
+        return self.c.run(["systemctl", *args], check=check, timeout=timeout)
+
+    def start(self):
+        """`systemctl start`: blocks until READY=1 (Type=notify) or the start failed."""
+        return self.systemctl("start", self.unit, timeout=WAIT_S + 30)
+
+    def show(self, *props) -> dict[str, str]:
+        out = self.c.run(["systemctl", "show", self.unit, *(f"--property={p}" for p in props)]).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def wait_for(self, predicate, what: str, timeout: float = WAIT_S, props=("ActiveState", "SubState")):
+        """Poll `systemctl show` until predicate(props) holds; fail with the last view and the journal."""
+        end = time.monotonic() + timeout
+        while True:
+            view = self.show(*props)
+            if predicate(view):
+                return view
+            if time.monotonic() > end:
+                pytest.fail(f"{self.unit}: not {what} after {timeout} s; last {view}\n{self.journal()}")
+            time.sleep(0.1)
+
+    def journal(self, *args) -> str:
+        self.c.run(["journalctl", "--sync"], check=False)
+        return self.c.run(["journalctl", "-u", self.unit, "--no-pager", "-o", "cat", *args]).stdout
+
+    def read(self, inside: str) -> str:
+        return self.c.run(["cat", inside]).stdout
+
+    def processes(self) -> list[dict]:
+        """The unit's processes, read from its cgroup: pid and command line."""
+        cg = self.show("ControlGroup")["ControlGroup"]
+        script = ("import json,sys,os\n"
+                  "for base in ('/sys/fs/cgroup/unified', '/sys/fs/cgroup', '/sys/fs/cgroup/systemd'):\n"
+                  "    p = base + sys.argv[1] + '/cgroup.procs'\n"
+                  "    if sys.argv[1] and os.path.exists(p):\n"
+                  "        pids = [int(x) for x in open(p).read().split()]\n"
+                  "        break\n"
+                  "else:\n"
+                  "    pids = []\n"
+                  "out = []\n"
+                  "for pid in pids:\n"
+                  "    try: out.append({'pid': pid, 'cmd': open(f'/proc/{pid}/cmdline').read().replace(chr(0), ' ')})\n"
+                  "    except OSError: pass\n"
+                  "print(json.dumps(out))\n")
+        return json.loads(self.c.run(["python3", "-c", script, cg]).stdout)
+
+
+def all_processes(c: Container) -> dict[int, str]:
+    """Every process in the container: pid -> command line."""
+    script = ("import json, os\n"
+              "out = {}\n"
+              "for p in os.listdir('/proc'):\n"
+              "    if p.isdigit():\n"
+              "        try: out[p] = open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ')\n"
+              "        except OSError: pass\n"
+              "print(json.dumps(out))\n")
+    return {int(k): v for k, v in json.loads(c.run(["python3", "-c", script]).stdout).items()}
+
+
+_ports = iter(range(31000, 32000))
+
+
+def instance_name(scenario: str, unit_source: str) -> str:
+    return f"{scenario}-{'u' if unit_source == 'dflashctl_unit' else 'n'}"
+
+
+@pytest.fixture
+def deploy(container, unit_source):
+    """deploy(scenario, standin={...}, settings={...}, preflight=False, dropin="") -> an Instance, not started."""
+    made: list[Instance] = []
+
+    def make(scenario: str, standin: dict | None = None, settings: dict | None = None,
+             preflight: bool = False, dropin: str = "") -> Instance:
+        name = instance_name(scenario, unit_source)
+        inst = Instance(container, name)
+        made.append(inst)
+        env = {f"STANDIN_{k.upper()}": str(v) for k, v in (standin or {}).items()}
+        env.setdefault("STANDIN_OK_FILE", f"{inst.home}/ok")
+        env.setdefault("STANDIN_ARGV_FILE", f"{inst.home}/argv.json")
+        cfg = {"name": name, "model": "stand-in", "port": next(_ports), "gpus": [0],
+               "startTimeoutSec": 120, "environment": env, **(settings or {})}
+        container.write(f"/etc/dflash/{name}.json", json.dumps(cfg, indent=2))
+        text = UNIT_SOURCES[unit_source](container, name, cfg)
+        container.write(f"/etc/systemd/system/{inst.unit}", text)
+        inst.text = text
+        parts = ["[Service]"]
+        if not preflight:  # the stand-in has no torch: start it as `serve --skip-preflight --launcher`
+            exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+            parts += [f"Environment={shlex.quote('DFLASHCTL_SGLANG_LAUNCHER=' + LAUNCHER)}",
+                      "ExecStart=", f"{exec_start} --skip-preflight"]
+        container.write(f"/etc/systemd/system/{inst.unit}.d/test.conf", "\n".join(parts) + "\n" + dropin)
+        container.run(["systemctl", "daemon-reload"])
+        return inst
+
+    yield make
+    for inst in made:  # leave nothing running, whatever the test did
+        inst.systemctl("stop", inst.unit)
+        inst.systemctl("reset-failed", inst.unit)
+        container.run(["rm", "-rf", f"/etc/systemd/system/{inst.unit}", f"/etc/systemd/system/{inst.unit}.d"])
+    container.run(["systemctl", "daemon-reload"])
+
+
+def usec(span: str) -> float:
+    """systemd's rendering of a time span ("5min 30s", "500ms", "1.500000s") in seconds."""
+    units = {"us": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1, "min": 60, "h": 3600}
+    total = 0.0
+    for number, unit in re.findall(r"([\d.]+)\s*(μs|us|ms|min|s|h)", span):
+        total += float(number) * units[unit]
+    return total
+
+
+# --- scenarios --------------------------------------------------------------------------------------
+
+
+def test_broken_host_fails_fast_without_restart_and_says_why(deploy):
+    """No NVIDIA driver in the container: the real preflight refuses, systemd does not restart."""
+    inst = deploy("broken", preflight=True)
+    r = inst.start()
+    assert r.returncode != 0, "systemctl start succeeded on a host without a driver"
+    view = inst.show("ActiveState", "Result", "ExecMainStatus", "NRestarts", "StatusText")
+    assert view["ActiveState"] == "failed" and view["Result"] == "exit-code", view
+    assert int(view["ExecMainStatus"]) == errors.PREFLIGHT_DRIVER, view
+    status = view["StatusText"]
+    assert status.startswith(f"failed (exit {errors.PREFLIGHT_DRIVER}): preflight: "), view
+    assert ". driver: " in status and "fix: " in status, view  # every failure listed with its fix
+    # RestartSec later, still failed and never restarted: RestartPreventExitStatus holds 85.
+    restart_sec = usec(inst.show("RestartUSec")["RestartUSec"])
+    time.sleep(restart_sec + 1)
+    view = inst.show("ActiveState", "NRestarts")
+    assert view == {"ActiveState": "failed", "NRestarts": "0"}, view
+    journal = inst.journal()
+    assert "checks failed; SGLang was not started" in journal and "fix: " in journal
+    assert "fix:" in journal
+    assert "standin" not in journal  # SGLang was never started
+
+
+def test_start_blocks_until_ready(deploy):
+    inst = deploy("healthy", standin={"ready_after": 3})
+    r = inst.start()
+    assert r.returncode == 0, r.stderr + inst.journal()
+    view = inst.show("ActiveState", "SubState", "StatusText", "ExecMainStartTimestampMonotonic",
+                     "ActiveEnterTimestampMonotonic", "Type", "NotifyAccess")
+    assert (view["ActiveState"], view["SubState"]) == ("active", "running"), view
+    assert (view["Type"], view["NotifyAccess"]) == ("notify", "main"), view
+    assert view["StatusText"].startswith("ready after "), view
+    # systemd made the unit active only once the stand-in had answered /health_generate with 200.
+    assert inst.read(f"{inst.home}/ok").startswith("200 ")
+    waited = (int(view["ActiveEnterTimestampMonotonic"]) - int(view["ExecMainStartTimestampMonotonic"])) / 1e6
+    assert waited >= 3, view
+    assert "decoded a token" in inst.journal()
+
+
+def test_configured_backoff_as_systemd_reads_it(deploy, unit_source):
+    """The unit's restart policy, as the container's systemd parsed it (257 knows RestartSteps)."""
+    inst = deploy("policy")
+    data = unit_mod.unit_data()
+    s, u = data["service"], data["unit"]
+    view = inst.show("Restart", "RestartUSec", "RestartSteps", "RestartMaxDelayUSec", "StartLimitBurst",
+                     "StartLimitIntervalUSec", "RestartPreventExitStatus", "KillMode", "TimeoutStopUSec")
+    assert view["Restart"] == s["Restart"]
+    assert usec(view["RestartUSec"]) == usec(s["RestartSec"])
+    assert int(view["StartLimitBurst"]) == u["StartLimitBurst"]
+    assert usec(view["StartLimitIntervalUSec"]) == u["StartLimitIntervalSec"]
+    assert sorted(int(x) for x in view["RestartPreventExitStatus"].split()) == sorted(errors.NO_RESTART)
+    assert view["KillMode"] == s["KillMode"]
+    assert usec(view["TimeoutStopUSec"]) == usec(s["TimeoutStopSec"])
+    if inst.c.systemd >= data["minSystemd"]["RestartSteps"]:
+        assert int(view["RestartSteps"]) == s["RestartSteps"]
+        assert usec(view["RestartMaxDelayUSec"]) == usec(s["RestartMaxDelaySec"])
+    elif unit_source == "dflashctl_unit":  # left out for this systemd (the module targets NixOS's, >= 254)
+        assert not re.search(r"^Restart(Steps|MaxDelaySec)=", inst.text, re.M)
+
+
+# Shorter than the unit's (5 s growing to 300 s, 5 starts per 30 min), so the whole ladder and the
+# start limit fit in a test: the growth rule and the limit are systemd's; these numbers only scale
+# them (the unit's own are checked as parsed, above).
+FAST_BURST = 4
+FAST_BACKOFF = f"RestartSec=500ms\nRestartSteps=3\nRestartMaxDelaySec=4s\n[Unit]\nStartLimitBurst={FAST_BURST}\n"
+
+
+def expected_delay(n: int, steps: bool, first=0.5, cap=4.0, n_steps=3) -> float:
+    """systemd's delay before restart number n (1-based): first * (cap/first)^((n-1)/steps), at most
+    cap (systemd >= 254); a constant RestartSec on older systemd, which has no RestartSteps."""
+    return min(cap, first * (cap / first) ** ((n - 1) / n_steps)) if steps else first
+
+
+def test_crash_after_ready_restarts_with_backoff_until_the_start_limit(deploy, container):
+    steps = container.systemd >= 254  # RestartSteps, RestartMaxDelaySec, RestartUSecNext
+    inst = deploy("crash", standin={"mode": "die-after-ready", "ready_after": 0.2, "die_after": 0.3},
+                  dropin=FAST_BACKOFF if steps else f"RestartSec=500ms\n[Unit]\nStartLimitBurst={FAST_BURST}\n")
+    assert inst.start().returncode == 0
+    seen: dict[int, float] = {}  # restart number -> RestartUSecNext systemd announced for it
+    burst = int(inst.show("StartLimitBurst")["StartLimitBurst"])
+    assert burst == FAST_BURST
+    props = ["ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus"] + (["RestartUSecNext"] if steps else [])
+    end = time.monotonic() + WAIT_S + sum(expected_delay(n, steps) for n in range(1, burst + 1))
+    while True:
+        view = inst.show(*props)
+        if view["SubState"] == "auto-restart":
+            assert int(view["ExecMainStatus"]) == errors.SERVER_DIED_AFTER_READY, view
+            if steps:
+                seen.setdefault(int(view["NRestarts"]) + 1, usec(view["RestartUSecNext"]))
+        if view["ActiveState"] == "failed":
+            break
+        assert time.monotonic() < end, f"no start limit after {WAIT_S} s: {view}\n{inst.journal()}"
+        time.sleep(0.05)
+    # The first start and burst-1 restarts pass the limit; restart number `burst` is scheduled (the
+    # counter shows it) and refused. systemd 257 keeps the crash's result; older ones say start-limit-hit.
+    assert int(view["NRestarts"]) == burst, view
+    assert view["Result"] in ("exit-code", "start-limit-hit"), view
+    journal = inst.journal()
+    assert "Start request repeated too quickly." in journal
+    assert journal.count("SGLang exited with status 4 while serving") == burst
+    if steps:  # RestartUSecNext, as systemd announced it before each restart: the ladder and its cap
+        assert set(range(2, burst + 1)) <= set(seen), seen  # every step was observed (1 may be too quick)
+        for n, delay in seen.items():
+            assert delay == pytest.approx(expected_delay(n, steps), abs=0.01), (n, seen)
+    # The waits between a death and the next start were at least those delays.
+    mono = inst.journal("-o", "short-monotonic")
+    deaths = [float(m) for m in re.findall(r"\[\s*([\d.]+)\].*Main process exited", mono)]
+    starts = [float(m) for m in re.findall(r"\[\s*([\d.]+)\].*Starting dflash", mono, re.I)]
+    assert len(starts) == burst and len(deaths) == burst, (starts, deaths)
+    for n in range(1, burst):
+        assert starts[n] - deaths[n - 1] >= expected_delay(n, steps) - 0.05, (n, deaths, starts)
+
+
+def test_a_hang_is_cut_short_by_stall_detection(deploy):
+    # Loading lines for 1 s, then silence but for the health polls (the stand-in's "stall" mode, issue 15).
+    inst = deploy("stall", standin={"mode": "stall", "stall_after": 1}, settings={"stallTimeoutSec": 3})
+    r = inst.start()
+    assert r.returncode != 0
+    view = inst.show("ActiveState", "SubState", "Result", "ExecMainStatus", "StatusText", "RestartPreventExitStatus")
+    assert int(view["ExecMainStatus"]) == SERVER_STALLED, view
+    assert view["Result"] == "exit-code", view
+    assert view["StatusText"].startswith(f"failed (exit {SERVER_STALLED})"), view
+    prevented = SERVER_STALLED in [int(x) for x in view["RestartPreventExitStatus"].split()]
+    assert view["SubState"] == ("failed" if prevented else "auto-restart"), view
+    journal = inst.journal()
+    assert "no start-up progress for 3 s" in journal, journal
+    assert "got signal 15" in inst.read(inst.sglang_log)  # the stalled child was stopped
+
+
+def test_stop_leaves_no_process_behind(deploy):
+    """Two helpers that ignore SIGTERM in SGLang's process group: dflashctl must still end them."""
+    inst = deploy("stop", standin={"children": 2})
+    assert inst.start().returncode == 0
+    before = inst.processes()
+    main = int(inst.show("MainPID")["MainPID"])
+    assert len(before) == 4, before  # dflashctl serve, the stand-in, its two helpers
+    assert any(p["pid"] == main and "dflashctl serve" in p["cmd"] for p in before), before
+    r = inst.systemctl("stop", inst.unit)
+    assert r.returncode == 0, r.stderr
+    view = inst.show("ActiveState", "Result", "ExecMainStatus", "MainPID")
+    assert view == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0", "MainPID": "0"}, view
+    assert inst.processes() == []
+    left = {pid: cmd for pid, cmd in all_processes(inst.c).items()
+            if pid in {p["pid"] for p in before} or "standin_server" in cmd}
+    assert left == {}, left
+    journal = inst.journal()
+    assert "SGLang stopped with status 0" in journal
+    # dflashctl ended the whole group itself: systemd's KillMode=mixed SIGKILL found nothing left.
+    assert "Killing process" not in journal, journal
+
+
+def test_api_key_through_load_credential_under_dynamic_user(deploy, container):
+    key = "sk-" + os.urandom(12).hex()
+    container.write("/etc/dflash/keys/cred.key", key + "\n", mode=0o600)
+    inst = deploy("cred", settings={"apiKeyFile": "/etc/dflash/keys/cred.key"})
+    assert inst.start().returncode == 0, inst.journal()
+    view = inst.show("DynamicUser", "ExecStart", "UID")
+    assert view["DynamicUser"] == "yes", view
+    unit_files = inst.c.run(["systemctl", "cat", inst.unit]).stdout
+    assert "\nLoadCredential=api-key:/etc/dflash/keys/cred.key\n" in unit_files
+    # The service read it: the stand-in was asked for /health_generate with the key...
+    assert f"auth=Bearer {key}" in inst.read(f"{inst.home}/ok")
+    # ...which its dynamic user could not have read from the file itself (root's, mode 0600).
+    assert int(view["UID"]) != 0
+    st = container.path("/etc/dflash/keys/cred.key").stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
+    main = int(inst.show("MainPID")["MainPID"])
+    cmdline = inst.read(f"/proc/{main}/cmdline").replace("\0", " ")
+    assert "dflashctl serve" in cmdline and key not in cmdline
+    for where, text in (("unit", unit_files), ("ExecStart", view["ExecStart"]), ("journal", inst.journal())):
+        assert key not in text, where
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["CacheDirectory", "cacheDir"])
+def test_cache_directory_is_home_and_persists_across_restarts(deploy, container, unit_source, explicit):
+    scenario = "cache-d" if explicit else "cache"
+    # Under DynamicUser only a directory below /var/cache can belong to the service.
+    cache_dir = f"/var/cache/hf-{instance_name(scenario, unit_source)}" if explicit else None
+    inst = deploy(scenario, standin={"mark": 1}, settings={"cacheDir": cache_dir} if explicit else {})
+    if explicit and not re.search(rf"^CacheDirectory=.*\b{Path(cache_dir).name}\b", inst.text, re.M):
+        container.run(["install", "-d", "-m", "1777", cache_dir])  # the unit does not create it: the admin does
+    for _ in range(3):
+        r = inst.systemctl("restart", inst.unit, timeout=WAIT_S + 30)
+        assert r.returncode == 0, inst.journal()
+    view = inst.show("Environment", "CacheDirectory", "WorkingDirectory", "UID", "NRestarts")
+    assert f"HOME={inst.home}" in view["Environment"].split(), view
+    assert inst.unit.removesuffix(".service") in view["CacheDirectory"].split(), view
+    uid = int(view["UID"])
+    home = inst.read(f"{inst.home}/standin-starts").splitlines()
+    assert len(home) == 3, home  # one line per start, none lost between them
+    assert {line.split()[1] for line in home} == {str(uid)}
+    hf_home = json.loads(inst.read(f"{inst.home}/argv.json"))["env"]["HF_HOME"]
+    assert hf_home == (cache_dir or inst.home)  # cacheDir when set, else the cache directory
+    hf = inst.read(f"{hf_home}/standin-starts").splitlines()
+    assert len(hf) == 3, hf
+
+
+def test_jit_toolchain_under_the_sandbox(deploy):
+    """The service's child compiles a shared library and a program that dlopens it, as SGLang's
+    first start does (tvm-ffi, flashinfer): the unit's PATH, PrivateTmp, HOME and the syscall filter."""
+    inst = deploy("jit", standin={"jit": 1})
+    r = inst.start()
+    journal = inst.journal()
+    assert r.returncode == 0, journal
+    assert inst.show("ActiveState")["ActiveState"] == "active"
+    assert f"standin: jit ok: answer=42 (built in {inst.home}/jit)" in journal, journal
+    listing = inst.c.run(["ls", f"{inst.home}/jit"]).stdout.split()
+    assert {"libanswer.so", "main"} <= set(listing), listing
