@@ -55,31 +55,7 @@ let
       wheel = "wheel";
     };
   };
-  lib = {
-    escapeShellArgs = l: builtins.concatStringsSep " " (map (s: "'${s}'") l);
-    escapeShellArg = s: "'${s}'";
-    optionalAttrs = cond: attrs: if cond then attrs else { };
-    hasSuffix =
-      suffix: s:
-      let
-        ls = builtins.stringLength s;
-        lx = builtins.stringLength suffix;
-      in
-      ls >= lx && builtins.substring (ls - lx) lx s == suffix;
-    remove = e: builtins.filter (x: x != e);
-    getLib = p: p;
-    makeExtensible =
-      f:
-      let
-        self = f self;
-      in
-      self;
-    licenses = {
-      nvidiaCudaRedist = { };
-      unfree = { };
-    };
-    getLicenseFromSpdxIdOr = _: default: default;
-  };
+  lib = import ./stand-in-lib.nix;
   final = base // import ../overlays { inherit lockFile fixupsDir; } final base;
   base = {
     inherit lib;
