@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/doctor-out}; mkdir -p "$OUT"
 source .gpu/setup.sh
 export PYTHONPATH=$PWD/python:$PYTHONPATH  # dflashctl itself, standard library + packaging
 lock=nix/python-lock.json
-table() { python3 -c 'import sys; from dflashctl import doctor, fingerprint; sys.stdout.write(doctor.render(fingerprint.load(sys.argv[1])))' "$1"; }
+table() { python3 -c 'import sys; from dflashctl.host import doctor, fingerprint; sys.stdout.write(doctor.render(fingerprint.load(sys.argv[1])))' "$1"; }
 run() {  # name, extra PYTHONPATH front
   local name=$1 front=$2 t0 t1 rc
   t0=$(date +%s.%N)

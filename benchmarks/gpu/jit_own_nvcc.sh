@@ -19,13 +19,13 @@ export HOME=/tmp/jit-home; rm -rf "$HOME"; mkdir -p "$HOME"
 summary=$OUT/summary.txt
 {
   echo "nvcc on PATH: $(command -v nvcc || echo none); /usr/local/cuda: $(ls -d /usr/local/cuda 2>/dev/null || echo absent)"
-  python3 -c 'import os, sys; from dflashctl import cuda_home; print("CUDA_HOME given to SGLang:", cuda_home.provide(dict(os.environ), sys.executable).get("CUDA_HOME"))'
+  python3 -c 'import os, sys; from dflashctl.host import cuda_home; print("CUDA_HOME given to SGLang:", cuda_home.provide(dict(os.environ), sys.executable).get("CUDA_HOME"))'
 } 2>&1 | tee "$summary"
 if [ "${1:-smoke}" = flashinfer-norm ]; then  # the quick check: one flashinfer JIT module, ~40 s
   t0=$(date +%s)
   python3 - <<'PY' 2>&1 | tail -n 20 | tee -a "$summary"
 import os, sys, torch
-from dflashctl import cuda_home
+from dflashctl.host import cuda_home
 os.environ.update(cuda_home.provide(dict(os.environ), sys.executable))
 from flashinfer.norm import rmsnorm
 x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)

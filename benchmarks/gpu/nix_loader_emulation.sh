@@ -62,16 +62,26 @@ PY
   key=${dir//\//_}
   mkdir -p "$scratch/orig/$key" "$scratch/view/$key"
   mount --bind "$dir" "$scratch/orig/$key"
-  python3 - "$scratch/orig/$key" "$scratch/view/$key" <<'PY'
+  # Files become symlinks; directories are bind-mounted, so that `..` inside them still leads
+  # back up this tree (gcc finds its C++ headers as /usr/lib/gcc/<triple>/<v>/../../../../include).
+  python3 - "$scratch/orig/$key" "$scratch/view/$key" <<'PY' | while read -r sub; do
 import os, re, sys
 orig, view = sys.argv[1], sys.argv[2]
 driver = re.compile(r"^(libcuda|libcudadebugger|libnvcuvid|libnvoptix|libnvidia-[a-z0-9-]+)\.so")
 for n in os.listdir(orig):
-    if not driver.match(n):
-        os.symlink(os.path.join(orig, n), os.path.join(view, n))
+    if driver.match(n):
+        continue
+    src = os.path.join(orig, n)
+    if os.path.isdir(src) and not os.path.islink(src):
+        os.mkdir(os.path.join(view, n))
+        print(n)
+    else:
+        os.symlink(src, os.path.join(view, n))
 PY
-  mount --bind "$scratch/view/$key" "$dir"
-  say "masked the driver's entries in $dir (everything else still there, as symlinks)"
+    mount --bind "$scratch/orig/$key/$sub" "$scratch/view/$key/$sub"
+  done
+  mount --rbind "$scratch/view/$key" "$dir"
+  say "masked the driver's entries in $dir (other files still there as symlinks, directories bound)"
 done
 
 # The NixOS layout: the driver at /run/opengl-driver/lib, nowhere else.

@@ -5,6 +5,7 @@
 #   served:  the synthetic DFLASH pair with grammarBackend xgrammar, a real NOTIFY_SOCKET: READY=1
 #            must come only after a real decode; a /generate must then decode; SIGTERM must stop it.
 # Run from the repo root after `source .gpu/setup.sh`; writes serve-*.txt/json into $OUT.
+# SERVE_ONLY=1: the served instance alone (no prepared .gpu/wrong-xgrammar needed).
 set -uo pipefail
 OUT=${OUT:-/tmp/serve-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
@@ -12,7 +13,7 @@ work=$(mktemp -d)
 python3 - "$work" <<'PY'
 import json, sys
 from pathlib import Path
-from dflashctl import synthetic
+from dflashctl.smoke import synthetic
 work = Path(sys.argv[1])
 target, draft = synthetic.write_pair(work / "models")
 settings = {"name": "gpu0", "model": str(target), "draftModel": str(draft), "port": 31000,
@@ -27,12 +28,15 @@ cp "$work/gpu0.json" "$OUT/serve-settings.json"
 
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 # 1. refused: the broken xgrammar
-t0=$(ms)
-PYTHONPATH=$PWD/.gpu/wrong-xgrammar:$PYTHONPATH python3 -m dflashctl serve --config "$work/gpu0.json" \
-  >"$work/refused.log" 2>&1
-rc=$?
-echo "refused: exit $rc after $(( $(ms) - t0 )) ms" >"$OUT/serve-summary.txt"
-cat "$work/refused.log" >>"$OUT/serve-summary.txt"
+: >"$OUT/serve-summary.txt"
+if [ "${SERVE_ONLY:-0}" != 1 ]; then
+  t0=$(ms)
+  PYTHONPATH=$PWD/.gpu/wrong-xgrammar:$PYTHONPATH python3 -m dflashctl serve --config "$work/gpu0.json" \
+    >"$work/refused.log" 2>&1
+  rc=$?
+  echo "refused: exit $rc after $(( $(ms) - t0 )) ms" >>"$OUT/serve-summary.txt"
+  cat "$work/refused.log" >>"$OUT/serve-summary.txt"
+fi
 
 # 2. served, with a notify socket that timestamps every datagram
 python3 - "$work" >>"$OUT/serve-summary.txt" 2>&1 <<'PY'
