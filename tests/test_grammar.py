@@ -87,6 +87,10 @@ TOOL = grammar.CASES[5]
     (chat(tool_calls=[call("get_weather", '{"city": "Rome"}')]), "$.city: 'Rome' is not one of"),
     (chat(tool_calls=[call("get_weather", '{"city": "Paris"}')] * 2), "2 calls, but parallel_tool_calls was false"),
     (chat(content='[{"name": "get_weather", "param'), "no tool call in the answer"),
+    # SGLang 0.5.11 without a tool-call parser: the constrained array as content (H200, 2026-11-30)
+    (chat(content='[{"name": "get_weather", "parameters": {"city": "Paris"}}]<|endoftext|>'), None),
+    (chat(content='[{"name": "get_weather", "parameters": {"city": "Rome"}}]'), "$.city: 'Rome' is not one of"),
+    (chat(content='{"name": "get_weather", "parameters": {"city": "Paris"}}'), "no tool call in the answer"),
     (chat(), "no tool call in the answer"),
 ])
 def test_tool_call_answers(response, problem):

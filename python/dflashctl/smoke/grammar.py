@@ -27,6 +27,9 @@ from dflashctl.errors import DflashError
 from dflashctl.smoke import schema
 from dflashctl.smoke.loadgen import Endpoint, get_json
 from dflashctl.smoke.loadgen import _connection as connection
+from dflashctl.smoke.tokenizer import EOS
+
+END_TEXTS = (EOS,)  # the synthetic tokenizer's end-of-text, as it shows in text it was not stripped from
 
 MAX_NEW_TOKENS = 96  # the longest valid output below is about 60 bytes
 REGEX = r"(yes|no), [0-9]{1,3} (apples|pears)"
@@ -143,7 +146,7 @@ def output_of(case: Case, response: dict) -> tuple[str, str | None]:
     if case.kind == "json_schema":
         text = message.get("content") or ""
         return text, text_problem("json_schema", text)
-    calls = message.get("tool_calls") or []
+    calls = message.get("tool_calls") or calls_in_content(message.get("content") or "")
     if not calls:
         return message.get("content") or "", "no tool call in the answer (content holds the raw output)"
     shown, problems = [], []
@@ -160,6 +163,25 @@ def output_of(case: Case, response: dict) -> tuple[str, str | None]:
     if len(calls) > 1:
         problems.append(f"{len(calls)} calls, but parallel_tool_calls was false")
     return "; ".join(shown), "; ".join(problems) or None
+
+
+def calls_in_content(content: str) -> list[dict]:
+    """Tool calls that SGLang 0.5.11 returns as content: without a `--tool-call-parser`, a
+    tool_choice="required" answer is the constrained JSON array of {"name", "parameters"} itself
+    (seen on the H200), followed by the EOS text when the chat path keeps special tokens.
+    [] when the content is not such an array."""
+    text = content.strip()
+    for special in END_TEXTS:
+        text = text.removesuffix(special).rstrip()
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(items, list) or not items or not all(
+            isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
+        return []
+    return [{"function": {"name": i["name"], "arguments": json.dumps(i.get("parameters", i.get("arguments")))}}
+            for i in items]
 
 
 # --- sending ----------------------------------------------------------------------------------------
