@@ -179,3 +179,16 @@ def test_a_file_that_is_not_a_recording_is_refused(tmp_path):
     with pytest.raises(errors.DflashError) as e:
         gpus.load_recording(bad)
     assert "is not an NVML recording" in str(e.value) and "--record-nvml" in str(e.value)
+
+
+def test_the_claim_reads_nvml_in_sglangs_environment(fake_nvml, monkeypatch):
+    """On the H200 under the NixOS-layout emulation the check said "NVML gave no answers": it read
+    NVML in serve's own environment, where a Nix-built Python finds no libnvidia-ml. It must read it
+    where SGLang will run: the child environment driver discovery made."""
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    monkeypatch.delenv(gpus.REPLAY_ENV, raising=False)
+    cfg = config.from_dict({"name": "a", "model": "m/x", "gpus": [0], "memFractionStatic": 0.5})
+    child_env = dict(os.environ, LD_LIBRARY_PATH=str(fake_nvml))  # what driver.provide hands SGLang
+    check = gpu_claim.preflight_check(cfg, sys.executable, child_env)
+    assert check.status == "ok", check
+    assert "not checked" not in check.summary

@@ -36,12 +36,14 @@ RECORD_FIX = "record one with `dflashctl doctor --record-nvml FILE` on the host"
 # ------------------------------------------------------------------------------ reading, recording
 
 def read(python: str, library: str = LIBRARY, timeout: float = 20.0, env: dict | None = None) -> dict:
-    """NVML's answers as a probe result ({"ok", "facts": snapshot, "error"}), or the replayed ones."""
+    """NVML's answers as a probe result ({"ok", "facts": snapshot, "error"}), or the replayed ones.
+    `env`: the probe child's environment (driver discovery's LD_LIBRARY_PATH is how a Nix-built
+    Python finds libnvidia-ml)."""
     env = os.environ if env is None else env
     if env.get(REPLAY_ENV):
         return {"probe": "gpus", "ok": True, "facts": load_recording(env[REPLAY_ENV])["nvml"],
                 "replayed": env[REPLAY_ENV]}
-    return probes.run_probe(python, "gpus", library, timeout)
+    return probes.run_probe(python, "gpus", library, timeout, dict(env))
 
 
 def from_probe(result: dict, env: dict | None = None) -> dict:

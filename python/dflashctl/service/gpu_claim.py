@@ -7,7 +7,6 @@ and it shares the GPU's compute. The instance's memFractionStatic (or SGLang's d
 is the share of the GPU it was sized for, so that much must be free before SGLang starts.
 """
 
-import os
 
 from dflashctl.host import gpus, probes
 from dflashctl.service.config import InstanceConfig
@@ -40,7 +39,7 @@ def claimed_fraction(cfg: InstanceConfig, snapshot: dict, indices: list[int]) ->
 
 def preflight_check(cfg: InstanceConfig, python: str, child_env: dict[str, str],
                     timeout: float = 20.0, env: dict[str, str] | None = None) -> probes.Check:
-    env = os.environ if env is None else env
+    env = child_env if env is None else env  # SGLang's environment: it sees the driver discovery found
     result = gpus.read(python, gpus.LIBRARY, timeout, env)
     indices = instance_gpus(cfg, child_env)
     if not result.get("ok"):

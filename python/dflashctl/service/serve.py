@@ -274,7 +274,7 @@ def _supervise(cfg: config.InstanceConfig, server: Server, python: str) -> int:
     server.start()
     gpu = None
     if cfg.stall_timeout_sec:  # GPU memory that grows is start-up progress too (service/stall.py)
-        gpu = GpuMemory(lambda: gpus.read(python, timeout=10.0),
+        gpu = GpuMemory(lambda: gpus.read(python, timeout=10.0, env=server.env),
                         gpu_claim.instance_gpus(cfg, server.env)).start()
     try:
         took = server.wait_ready(
