@@ -125,8 +125,12 @@ def instance_settings(a, run: str, target: str, draft: str | None, synthetic_pai
             d.update({"skipTokenizerInit": True, "grammarBackend": "none"})
     if grammar_phase:  # a random model pads JSON with whitespace until max_new_tokens without it
         d["constrainedJsonDisableAnyWhitespace"] = True
+    if not synthetic_pair and getattr(a, "model_revision", None):
+        d["modelRevision"] = a.model_revision
     if run in SPECULATIVE:
         d["draftModel"] = draft
+        if not synthetic_pair and getattr(a, "draft_model_revision", None):
+            d["draftModelRevision"] = a.draft_model_revision
         s: dict = {"algorithm": run}
         n = a.num_draft_tokens or (synthetic.PairShape().block_size if synthetic_pair else None)
         if n:

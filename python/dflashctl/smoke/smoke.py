@@ -8,6 +8,7 @@ measures each with the same prompts. `--model/--draft-model` does the same for a
 """
 
 import json
+import os
 import shutil
 import signal
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from dflashctl import __version__
 from dflashctl.errors import FAILED, GRAMMAR_VIOLATION, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE, DflashError
+from dflashctl.host import hub_cache
 from dflashctl.service import sglang_features
 from dflashctl.smoke import grammar, identity, jit_prewarm, loadgen, startup, synthetic, tokenizer
 from dflashctl.smoke.report import RunResult, summarise, table
@@ -38,6 +40,9 @@ def register(subparsers) -> None:
     what = p.add_argument_group("what to test (default: a synthetic pair started here)")
     what.add_argument("--model", help="target model (repo id or directory); needs --draft-model")
     what.add_argument("--draft-model", help="DFlash drafter for --model, e.g. z-lab/Qwen3-8B-DFlash-b16")
+    what.add_argument("--model-revision", metavar="REV",
+                      help="hub revision of --model (a commit pins it; the result names the commit loaded)")
+    what.add_argument("--draft-model-revision", metavar="REV", help="hub revision of --draft-model")
     what.add_argument("--url", help="measure the service already running at URL instead of starting one")
     what.add_argument("--baseline-url", help="with --url: a plain-decoding service to compare against")
     what.add_argument("--api-key-file", help="with --url: file holding the service's API key")
@@ -124,6 +129,7 @@ class Plan:
     grammar: bool = False  # run the grammar phase on each server (grammar.py)
     grammar_servers: list = field(default_factory=list)  # grammar.ServerGrammar per measured server
     tokenizer: dict | None = None  # what tokenizer.write built for the synthetic target
+    models: list = field(default_factory=list)  # the weights loaded (models_loaded)
 
 
 def _usage(what: str, fix: str) -> DflashError:
@@ -131,6 +137,11 @@ def _usage(what: str, fix: str) -> DflashError:
 
 
 def _check_args(a) -> None:
+    for flag, rev, model in (("--model-revision", a.model_revision, a.model),
+                             ("--draft-model-revision", a.draft_model_revision, a.draft_model)):
+        if rev and not model:
+            raise _usage(f"{flag} without {flag.removesuffix('-revision')}",
+                         f"pass {flag.removesuffix('-revision')} REPO with it, or drop it")
     if a.url:
         if a.model or a.draft_model:
             raise _usage("--url and --model cannot be combined", "measure a running service with --url, "
@@ -240,9 +251,14 @@ def run(a) -> int:
         phases["total"] = time.monotonic() - t0
         result = summarise(results, plan.settings, phases, plan.synthetic, a.require_lossless)
         result["identity"] = ident
+        result["models"] = plan.models
+        if ident and isinstance(ident.get("fingerprint"), dict) and plan.models:
+            ident["fingerprint"]["models"] = [m for m in plan.models if m.get("repo_id")]  # for `diff`
         result["jit_compiled"] = plan.jit_compiled
         result["jit_prewarm"] = plan.jit_prewarm
         text = table(result)
+        if plan.models and not plan.synthetic:
+            text += "\n" + models_line(plan.models)
         if plan.grammar:
             servers = sorted(plan.grammar_servers, key=lambda g: plan.runs.index(g.run))  # as the runs
             grammar.merge(result, grammar.summary(servers, plan.tokenizer))
@@ -391,6 +407,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
             if launch == "sequential":
                 stop_all(fleet.started)
         results.sort(key=lambda r: runs.index(r.name))
+        plan.models = models_loaded(a, target, draft, synthetic_pair, started)
         plan.jit_prewarm = prewarm.result() if prewarm else {
             "enabled": False, "reason": "--no-jit-prewarm" if not a.jit_prewarm else "no local config.json"}
         plan.jit_compiled = startup.compiled_since(startup.jit_caches(triton_cache=_triton_cache_of(started)),
@@ -402,6 +419,34 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
         if prewarm:
             prewarm.stop()
         _keep_logs(a, started)
+
+
+def models_loaded(a, target: str, draft: str | None, synthetic_pair: bool, started: list) -> list[dict]:
+    """Which weights the servers loaded: for a hub model, the commit its revision resolved to in the
+    cache the servers read (their HF_HOME), so two hosts' results show whether they served the same."""
+    if synthetic_pair:
+        return [{"role": "target", "model": "synthetic (random weights, written here)"}]
+    env = started[0].server.env if started else dict(os.environ)
+    out = []
+    for role, model, rev in (("target", target, a.model_revision), ("drafter", draft, a.draft_model_revision)):
+        if model is None:
+            continue
+        if hub_cache.is_local(model):
+            out.append({"role": role, "model": model, "local": True})
+        else:
+            out.append({"role": role, "model": model, **hub_cache.inspect(env, model, rev).to_json()})
+    return out
+
+
+def models_line(models: list[dict]) -> str:
+    parts = []
+    for m in models:
+        if m.get("local"):
+            parts.append(f"{m['role']} {m['model']} (local directory)")
+        else:
+            parts.append(f"{m['role']} {m['model']}@{m.get('revision') or 'main'} -> "
+                         f"{m.get('commit') or 'commit unknown (not in the cache)'}")
+    return "models: " + "; ".join(parts)
 
 
 def _start_prewarm(a, target: str, first) -> "jit_prewarm.Prewarm | bool":
