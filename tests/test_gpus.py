@@ -151,8 +151,8 @@ def test_memory_no_listed_process_accounts_for_is_named():
 
 def test_the_h200_recordings_replay_to_what_doctor_printed_there():
     """doctor's gpus check and per-GPU lines from the recordings equal those of the live runs on the
-    H200 (docs/gpu/gpu-busy.txt). There NVML's pid was the holder's own (nested_pid_namespace false:
-    a VM, no container) and NVML named it python3; a replay takes the recorded name as it is."""
+    H200 (docs/gpu/gpu-busy.txt). There NVML's pid was the holder's own (nested_pid_namespace false)
+    and the recording names it python3; a replay takes the recorded name as it is."""
     idle = gpus.read("", env={gpus.REPLAY_ENV: str(IDLE)})
     check = gpus.doctor_check(idle)
     assert (check.status, check.summary) == ("ok", "GPU 0 139.8 GiB free of 140.4 GiB, no compute processes")
