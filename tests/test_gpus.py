@@ -1,9 +1,10 @@
 """Busy GPUs found in seconds (host/gpus.py, service/gpu_claim.py): NVML read through the library
 path it is given, recorded, replayed; serve refuses a GPU whose memory another process holds.
 
-Without a GPU, NVML is either a recording (tests/data/gpus/h200-*.json, modelled on the lent H200)
-or tests/data/gpus/fake_nvml.c built as libnvidia-ml.so.1, which runs the real ctypes code; the
-processes it reports are real ones started here.
+Without a GPU, NVML is either a recording (tests/data/gpus/h200-*.json: `doctor --record-nvml` on the
+lent H200 by benchmarks/gpu/gpu_busy.sh, idle and with a torch process holding 120 GiB; the live
+run's output is docs/gpu/gpu-busy.txt) or tests/data/gpus/fake_nvml.c built as libnvidia-ml.so.1,
+which runs the real ctypes code; the processes it reports are real ones started here.
 """
 
 import json
@@ -102,14 +103,15 @@ def test_doctor_shows_each_gpu_records_nvml_and_replays_it(fake_nvml, holder, tm
 
 
 def test_serve_refuses_a_busy_gpu_naming_the_holder(serve, stack_python):  # noqa: F811
-    """The H200 with another process holding 120 GiB; the instance wants half the GPU."""
+    """The H200 with another process holding 120 GiB; the instance wants half the GPU. Replayed, serve
+    names the holder in the words it used live on the H200 (docs/gpu/gpu-busy.txt)."""
     proc = serve("healthy", ["--python", stack_python], settings={"memFractionStatic": 0.5},
                  env={gpus.REPLAY_ENV: str(BUSY)})
     _, err = proc.communicate(timeout=NEVER)
     assert proc.returncode == errors.PREFLIGHT_GPU_BUSY, err
     assert errors.PREFLIGHT_GPU_BUSY not in errors.NO_RESTART  # the other work may end: systemd retries
-    assert ("GPU 0 (NVIDIA H200): 19.7 GiB free of 140.4 GiB, SGLang claims 70.2 GiB (memFractionStatic 0.5); "
-            "held by pid 4242 python3 (120.2 GiB)") in err
+    assert ("GPU 0 (NVIDIA H200): 19.2 GiB free of 140.4 GiB, SGLang claims 70.2 GiB (memFractionStatic 0.5); "
+            "held by pid 1968 python3 (120.6 GiB)\n") in err  # and no one else: the rest is the driver's
     assert "lower memFractionStatic" in err
     assert not (proc.tmp / "argv.json").exists()  # SGLang was never started
 
@@ -142,8 +144,36 @@ def test_memory_no_listed_process_accounts_for_is_named():
     busy["facts"]["gpus"][0]["processes"] = []
     check = gpus.check_claim(busy, [0], 0.5, "memFractionStatic 0.5")
     assert check.exit_code == errors.PREFLIGHT_GPU_BUSY
+    # all 124113 MiB used on the GPU: the holder's 123490 and the driver's own
     assert check.summary.endswith("held by processes NVML does not list here (another container or VM?): "
-                                  "120.7 GiB")
+                                  "121.2 GiB")
+
+
+def test_the_h200_recordings_replay_to_what_doctor_printed_there():
+    """doctor's gpus check and per-GPU lines from the recordings equal those of the live runs on the
+    H200 (docs/gpu/gpu-busy.txt). There NVML's pid was the holder's own (nested_pid_namespace false)
+    and the recording names it python3; a replay takes the recorded name as it is."""
+    idle = gpus.read("", env={gpus.REPLAY_ENV: str(IDLE)})
+    check = gpus.doctor_check(idle)
+    assert (check.status, check.summary) == ("ok", "GPU 0 139.8 GiB free of 140.4 GiB, no compute processes")
+    assert gpus.render_lines(idle) == ["gpu 0: NVIDIA H200, 143155 MiB free of 143771 MiB, 0 % busy, "
+                                       "0 compute process(es)", f"(NVML answers replayed from {IDLE})"]
+    busy = gpus.read("", env={gpus.REPLAY_ENV: str(BUSY)})
+    check = gpus.doctor_check(busy)
+    assert (check.status, check.summary) == (
+        "warn", "GPU 0 19.2 GiB free of 140.4 GiB — in use: GPU 0: pid 1968 python3 (120.6 GiB)")
+    assert gpus.render_lines(busy) == ["gpu 0: NVIDIA H200, 19657 MiB free of 143771 MiB, 0 % busy, "
+                                       "1 compute process(es)", "       pid 1968 python3: 123490 MiB",
+                                       f"(NVML answers replayed from {BUSY})"]
+
+
+def test_a_claim_that_fits_next_to_the_holder_is_a_warning():
+    """The holder only held memory (0 % utilization): a claim that fits in the 19.2 GiB left runs,
+    with a warning naming the process it shares the GPU with."""
+    check = gpus.check_claim(snapshot(BUSY), [0], 0.1, "memFractionStatic 0.1")
+    assert (check.status, check.exit_code) == ("warn", 0), check
+    assert check.summary == ("GPU 0 (NVIDIA H200): 19.2 GiB free of 140.4 GiB, SGLang claims 14.0 GiB "
+                             "(memFractionStatic 0.1); GPU 0 is 0 % busy: pid 1968 python3 (120.6 GiB)")
 
 
 def test_a_gpu_the_host_lacks_is_a_settings_error():
