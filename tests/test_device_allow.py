@@ -99,6 +99,7 @@ def test_the_parsers_read_the_recorded_files():
     assert groups["nvidia"] == groups["nvidiactl"] == {195} and "nvidia-frontend" not in groups
     assert devs["/dev/nvidia0"] == (195, 0) and devs["/dev/nvidiactl"] == (195, 255)
     assert devs["/dev/nvidia-caps/nvidia-cap2"] == (241, 2)
+    assert groups["nvidia-uvm"] == {238} and devs["/dev/nvidia-uvm-tools"] == (238, 1)
     old_groups, _ = layout("pre550-535")
     assert old_groups["nvidia-frontend"] == {195} and "nvidia" not in old_groups
 

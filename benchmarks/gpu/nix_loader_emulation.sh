@@ -7,7 +7,8 @@
 #   1. unsets LD_LIBRARY_PATH;
 #   2. hides the driver's entries (libcuda*, libnvidia-*, ...) from the loader's default
 #      directories (/lib, /usr/lib, /lib64, multiarch): each such directory is replaced by a view
-#      of symlinks to everything else in it (the original stays reachable under a side mount);
+#      of everything else in it, files as symlinks and subdirectories bind-mounted (the original
+#      stays reachable under a side mount);
 #   3. binds over /etc/ld.so.cache one that `ldconfig` rebuilt without the driver's directory.
 # `ldconfig -p` and `ctypes.CDLL("libcuda.so.1")` then find nothing, as on NixOS or under Nix.
 # Layouts: container = the driver stays where the image has it (its directory, e.g.
