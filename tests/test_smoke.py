@@ -434,6 +434,24 @@ def test_sigterm_while_servers_start_stops_them(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM
 
 
+def test_work_dir_is_removed_after_a_pass_and_kept_after_a_failure(tmp_path):
+    """Without --work-dir smoke works in a temporary directory (models, logs): gone when it passed,
+    kept and named when it failed."""
+    (tmp_path / "tmp").mkdir()
+    p = smoke(tmp_path, "--runs", "baseline,DFLASH", TMPDIR=str(tmp_path / "tmp"))
+    assert p.returncode == 0, p.stderr
+    assert list((tmp_path / "tmp").iterdir()) == [] and "for a look" not in p.stderr
+
+    def diverge(run, doc):
+        if run == "DFLASH":
+            doc["generate"][0]["final"]["output_ids"][3] += 1
+    p = smoke(tmp_path, "--runs", "baseline,DFLASH", recs=recordings(tmp_path, diverge),
+              TMPDIR=str(tmp_path / "tmp"))
+    assert p.returncode == errors.NOT_LOSSLESS, p.stderr
+    kept = list((tmp_path / "tmp").glob("dflash-smoke-*"))
+    assert len(kept) == 1 and f"kept {kept[0]}" in p.stderr
+
+
 def test_real_h200_recording_replays_to_the_figures_it_recorded(tmp_path):
     """Responses recorded from SGLang 0.5.11 on an H200 (benchmarks/gpu/smoke.sh --record, 2026-11-30):
     the default load against them gives the acceptance SGLang itself reported for random weights."""
