@@ -434,6 +434,24 @@ def test_sigterm_while_servers_start_stops_them(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM
 
 
+def test_work_dir_is_removed_after_a_pass_and_kept_after_a_failure(tmp_path):
+    """Without --work-dir smoke works in a temporary directory (models, logs): gone when it passed,
+    kept and named when it failed."""
+    (tmp_path / "tmp").mkdir()
+    p = smoke(tmp_path, "--runs", "baseline,DFLASH", TMPDIR=str(tmp_path / "tmp"))
+    assert p.returncode == 0, p.stderr
+    assert list((tmp_path / "tmp").iterdir()) == [] and "for a look" not in p.stderr
+
+    def diverge(run, doc):
+        if run == "DFLASH":
+            doc["generate"][0]["final"]["output_ids"][3] += 1
+    p = smoke(tmp_path, "--runs", "baseline,DFLASH", recs=recordings(tmp_path, diverge),
+              TMPDIR=str(tmp_path / "tmp"))
+    assert p.returncode == errors.NOT_LOSSLESS, p.stderr
+    kept = list((tmp_path / "tmp").glob("dflash-smoke-*"))
+    assert len(kept) == 1 and f"kept {kept[0]}" in p.stderr
+
+
 def test_real_h200_recording_replays_to_the_figures_it_recorded(tmp_path):
     """Responses recorded from SGLang 0.5.11 on an H200 (benchmarks/gpu/smoke.sh --record, 2026-11-30):
     the default load against them gives the acceptance SGLang itself reported for random weights."""
@@ -453,3 +471,32 @@ def test_real_h200_recording_replays_to_the_figures_it_recorded(tmp_path):
     assert conc["spec_verify_ct"] == sum(m["spec_verify_ct"] for m in metas[-conc["requests"]:]) > 0
     assert 1.0 <= conc["accept_length"] < 1.01  # random weights: the drafter's guesses are rejected
     assert all(m["completion_tokens"] == 256 for m in metas)
+
+
+def test_real_h200_recording_with_grammar_passes_the_default_smoke(tmp_path):
+    """The default smoke (grammar phase on) recorded on an H200 with SGLang 0.5.11 (`--record`,
+    2026-11-30, docs/gpu/smoke-final-h200.json): replayed, it passes as it did there, including the
+    tool call that SGLang returned as content because no tool-call parser was set."""
+    recs = DATA / "h200-grammar"
+    rec = json.loads((recs / "DFLASH.json").read_text())["settings"]
+    assert rec["grammar"] and rec["synthetic"]
+    tool = [g for g in json.loads((recs / "baseline.json").read_text())["grammar"] if g["kind"] == "tool_call"][0]
+    message = tool["response"]["choices"][0]["message"]
+    assert message["tool_calls"] is None and message["content"].startswith('[{"name": "get_weather"')
+    load = ["--requests", str(rec["requests"]), "--sequential-requests", str(rec["sequential_requests"]),
+            "--max-new-tokens", str(rec["max_new_tokens"]), "--input-len", str(rec["input_len"]),
+            "--seed", str(rec["seed"])]
+    p = smoke(tmp_path, *load, "--runs", ",".join(rec["runs"]), "--json", "result.json",
+              "--work-dir", str(tmp_path / "work"), recs=recs)
+    assert p.returncode == 0, p.stdout + p.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["ok"] and result["failures"] == []
+    assert result["runs"][1]["lossless"]["status"] == "identical"
+    servers = {s["run"]: s for s in result["grammar"]["servers"]}
+    rows = servers["baseline"]["rows"]
+    assert [(r["kind"], r["status"]) for r in rows] == [
+        ("regex", "ok"), ("ebnf", "ok"), ("json_schema", "ok"), ("structural_tag", "ok"),
+        ("json_schema", "ok"), ("tool_call", "ok")]
+    assert rows[-1]["output"] == 'get_weather({"city": "Berlin"})'
+    assert [(r["status"], r["http_status"]) for r in servers["DFLASH"]["rows"]] == [("refused", 400)]
+    assert "6/6 outputs match their grammars" in p.stdout

@@ -265,6 +265,7 @@ def run(a) -> int:
             text += "\n\n" + grammar.table(result["grammar"])
         print(text, file=sys.stderr if a.json == "-" else sys.stdout)
         _write_json(a.json, result)
+        ok = result["ok"]  # a passing run's work dir (models, logs) is removed, a failing one's kept
         return _exit_code(result)
     except DflashError as e:
         # A result file must never be a stale one from an earlier run, nor missing for a machine
