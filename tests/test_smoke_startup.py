@@ -130,11 +130,11 @@ def test_jit_prewarm_builds_the_kernels_before_the_servers_need_them(tmp_path):
     assert p.returncode == 0, p.stderr
     result = json.loads((tmp_path / "result.json").read_text())
     pre = result["jit_prewarm"]
-    assert pre["enabled"] and pre["ok"] and len(pre["calls"]) == 6 and result["settings"]["jit_prewarm"]
-    assert result["jit_compiled"]["tvm-ffi"]["compiled"] == 6
+    assert pre["enabled"] and pre["ok"] and len(pre["calls"]) == 7 and result["settings"]["jit_prewarm"]
+    assert result["jit_compiled"]["tvm-ffi"]["compiled"] == 7
     for run in ("baseline", "DFLASH"):
-        assert "JIT at first use: built 0, found 4 in the cache" in (tmp_path / "logs" / f"{run}.log").read_text()
-    assert "JIT prewarm: 6/6 kernel modules ready" in p.stdout
+        assert "JIT at first use: built 0, found 5 in the cache" in (tmp_path / "logs" / f"{run}.log").read_text()
+    assert "JIT prewarm: 7/7 kernel modules ready" in p.stdout
 
 
 def test_without_prewarm_the_servers_compile_at_first_use(tmp_path):
@@ -143,8 +143,8 @@ def test_without_prewarm_the_servers_compile_at_first_use(tmp_path):
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["jit_prewarm"] == {"enabled": False, "reason": "--no-jit-prewarm"}
     assert result["settings"]["jit_prewarm"] is False
-    assert "JIT at first use: built 4, found 0" in (tmp_path / "logs" / "DFLASH.log").read_text()
-    assert result["jit_compiled"]["tvm-ffi"]["compiled"] == 4
+    assert "JIT at first use: built 5, found 0" in (tmp_path / "logs" / "DFLASH.log").read_text()
+    assert result["jit_compiled"]["tvm-ffi"]["compiled"] == 5
     assert "JIT prewarm: off (--no-jit-prewarm)" in p.stdout
 
 
@@ -153,6 +153,8 @@ def test_prewarm_calls_follow_the_model_shapes():
     calls = jit_prewarm.calls_for(synthetic.target_config(synthetic.PairShape()))
     assert ["sglang.jit_kernel.norm", "can_use_fused_inplace_qknorm", [64, "torch.bfloat16"]] in calls
     assert ["sglang.jit_kernel.kvcache", "can_use_store_cache", [8 * 64 * 2]] in calls
+    assert ["sglang.jit_kernel.resolve_future_token_ids", "_jit_resolve_future_token_ids_module",
+            ["torch.int64"]] in calls  # built last on the H200 when the prewarm lacked it
     qwen3_8b = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
                 "torch_dtype": "bfloat16"}
     assert ["sglang.jit_kernel.rope", "_jit_fused_rope_module", [True, 128, "torch.bfloat16"]] in \

@@ -72,7 +72,9 @@ print(json.dumps({"imports_s": round(imported, 2), "calls": results}), flush=Tru
 
 def calls_for(config: dict) -> list[list]:
     """SGLang 0.5.11's JIT module loaders that a Qwen3-style model calls, with its shapes
-    (jit_kernel/norm.py, rope.py, kvcache.py, activation.py, clamp_position.py)."""
+    (jit_kernel/norm.py, rope.py, kvcache.py, activation.py, clamp_position.py,
+    resolve_future_token_ids.py: on the H200's fresh start the last one was built just before the
+    first decode, ~7 s on the critical path, when the prewarm lacked it)."""
     heads = config.get("num_attention_heads") or 1
     head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads)
     kv_heads = config.get("num_key_value_heads") or heads
@@ -86,6 +88,7 @@ def calls_for(config: dict) -> list[list]:
         ["sglang.jit_kernel.activation", "_jit_activation_module", [dtype]],
         ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int64"]],
         ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int32"]],
+        ["sglang.jit_kernel.resolve_future_token_ids", "_jit_resolve_future_token_ids_module", ["torch.int64"]],
     ]
 
 

@@ -79,12 +79,13 @@ def sglang_log(msg):
 
 def first_use_jit():
     """SGLang compiles its JIT kernels at their first call, inside the first capture: the
-    synthetic pair's four, each unless the cache has it (jit_kernel/_build.py)."""
-    from sglang.jit_kernel import activation, kvcache, norm, rope
+    synthetic pair's five, each unless the cache has it (jit_kernel/_build.py); the H200's
+    fresh start also built resolve_future_token_ids, last, just before the first decode."""
+    from sglang.jit_kernel import activation, kvcache, norm, resolve_future_token_ids, rope
     from sglang.jit_kernel._build import load_jit
     calls = [("qknorm", 64, "torch.bfloat16"), ("fused_rope", True, 64, "torch.bfloat16"), ("kvcache", 1024),
-             ("activation", "torch.bfloat16")]
-    assert norm and rope and kvcache and activation  # the loaders the prewarm calls exist
+             ("activation", "torch.bfloat16"), ("resolve_future_token_ids", "torch.int64")]
+    assert norm and rope and kvcache and activation and resolve_future_token_ids  # the prewarm's loaders
     built = sum(load_jit(*c) for c in calls)
     log(f"JIT at first use: built {built}, found {len(calls) - built} in the cache")
 
