@@ -108,33 +108,28 @@ def python_without_driver_path(site: Path, code: str) -> subprocess.CompletedPro
                           capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.nix
-@pytest.mark.network
-def test_pynvml_finds_nvml_in_the_driver_link_dir(tmp_path):
-    driver_link = tmp_path / "opengl-driver"
-    fake_nvml(driver_link / "lib/libnvidia-ml.so.1", tmp_path)
-    wheel = locked_wheel("nvidia-ml-py", tmp_path)
-    code = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlSystemGetDriverVersion())"
-    plain = python_without_driver_path(unpack(wheel, tmp_path / "plain"), code)
-    assert plain.returncode != 0 and "NVMLError_LibraryNotFound" in plain.stderr
-    site = unpack(wheel, tmp_path / "fixed")
-    assert run_fixup("nvidia-ml-py", tmp_path / "fixed", str(driver_link)).returncode == 0
-    fixed = python_without_driver_path(site, code)
-    assert fixed.returncode == 0, fixed.stderr
-    assert fixed.stdout.strip() == V580
+# (locked package, code run without LD_LIBRARY_PATH, its error before the fix-up, what it prints after)
+LOADERS = [
+    ("nvidia-ml-py", "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlSystemGetDriverVersion())",
+     "NVMLError_LibraryNotFound", lambda lib: V580),
+    ("cuda-pathfinder",
+     "from cuda.pathfinder import load_nvidia_dynamic_lib as load; print(load('nvml').abs_path)",
+     "DynamicLibNotFoundError", lambda lib: str(lib)),
+]
 
 
 @pytest.mark.nix
 @pytest.mark.network
-def test_cuda_pathfinder_finds_nvml_in_the_driver_link_dir(tmp_path):
+@pytest.mark.parametrize("package, code, error, expected", LOADERS, ids=[x[0] for x in LOADERS])
+def test_the_fixup_finds_nvml_in_the_driver_link_dir(tmp_path, package, code, error, expected):
     driver_link = tmp_path / "opengl-driver"
-    fake_nvml(driver_link / "lib/libnvidia-ml.so.1", tmp_path)
-    wheel = locked_wheel("cuda-pathfinder", tmp_path)
-    code = "from cuda.pathfinder import load_nvidia_dynamic_lib as load; print(load('nvml').abs_path)"
+    lib = driver_link / "lib/libnvidia-ml.so.1"
+    fake_nvml(lib, tmp_path)
+    wheel = locked_wheel(package, tmp_path)
     plain = python_without_driver_path(unpack(wheel, tmp_path / "plain"), code)
-    assert plain.returncode != 0 and "DynamicLibNotFoundError" in plain.stderr
+    assert plain.returncode != 0 and error in plain.stderr
     site = unpack(wheel, tmp_path / "fixed")
-    assert run_fixup("cuda-pathfinder", tmp_path / "fixed", str(driver_link)).returncode == 0
+    assert run_fixup(package, tmp_path / "fixed", str(driver_link)).returncode == 0
     fixed = python_without_driver_path(site, code)
     assert fixed.returncode == 0, fixed.stderr
-    assert fixed.stdout.strip() == str(driver_link / "lib/libnvidia-ml.so.1")
+    assert fixed.stdout.strip() == expected(lib)
