@@ -46,8 +46,6 @@ def test_preflight_on_a_host_without_the_stack_fails_on_the_root_cause():
     by_name = {c.name: c for c in checks}
     assert by_name["grammar:none"].status == "warn"
     assert by_name["sglang"].status == "fail" and by_name["sglang"].exit_code == errors.PREFLIGHT_SGLANG
-    first = probes.first_failure(checks)
-    assert first is not None and first.exit_code in errors.NO_RESTART
     assert all(c.exit_code in errors.NO_RESTART for c in checks if c.status == "fail")
 
 

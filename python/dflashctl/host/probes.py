@@ -77,10 +77,6 @@ def fail(name, summary, fix, code, **details) -> Check:
     return Check(name, "fail", summary, fix, code, details)
 
 
-def first_failure(checks) -> Check | None:
-    return next((c for c in checks if c.status == "fail"), None)
-
-
 # ---------------------------------------------------------------------------------------- runner
 
 def run_probe(python: str, probe: str, arg: str = "", timeout: float = 20.0, env: dict | None = None) -> dict:

@@ -15,9 +15,6 @@ from dflashctl.errors import CONFIG, OK, DflashError
 from dflashctl.service import config, unit_text
 from dflashctl.service.unit_text import unit_data
 
-UNIT_DATA = unit_text.DATA / "service-unit.json"
-
-
 def unit_name(cfg: config.InstanceConfig) -> str:
     return f"dflash-{cfg.name}.service"
 
