@@ -77,6 +77,9 @@ in
         toplevel: ${toplevel}
       '';
 
+  # services.dflash booted in a NixOS VM with a stand-in SGLang: ready, restart, stop, broken host.
+  nixos-vm = import ./vm-test.nix { inherit pkgs self; };
+
   # nixfmt (RFC 166 style; named nixfmt-rfc-style before 2025) over every tracked .nix file.
   formatting = pkgs.runCommand "dflash-check-formatting" { nativeBuildInputs = [ pkgs.nixfmt ]; } ''
     cd ${self}

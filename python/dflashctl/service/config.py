@@ -369,6 +369,16 @@ def from_dict(d: Any, name: str | None = None, origin: str = "settings") -> Inst
     return InstanceConfig(**kwargs)
 
 
+def to_dict(cfg: InstanceConfig) -> dict:
+    """The settings JSON of `cfg` with every key set: what from_dict reads back as `cfg`, and the
+    module's settings file for the same options."""
+    def plain(v):
+        return list(v) if isinstance(v, tuple) else v
+    spec = {key: getattr(cfg.speculative, attr) for key, (attr, _) in SPECULATIVE_KEYS.items()}
+    return {"name": cfg.name, "speculative": spec,
+            **{key: plain(getattr(cfg, attr)) for key, (attr, _) in KEYS.items()}}
+
+
 def _brief(value) -> str:
     """A value as JSON for a message, cut short: a 4 MB string must not become a 4 MB error."""
     return _cut(json.dumps(value))

@@ -33,6 +33,11 @@ builtins.trace "stub nixpkgs imported for ${system}" {
   python312.withPackages = _: "python312-env";
   callPackage = fn: _: "callPackage ${baseNameOf (toString fn)}";
   writeShellScript = name: _: "/stub/${name}";
+  writeShellScriptBin = name: _: "/stub/${name}";
+  python3.interpreter = "/stub/python3";
+  curl = "curl";
+  stdenv.hostPlatform.system = system;
+  testers.runNixOSTest = test: "nixos-test ${test.name}";
   writeText = name: _: "/stub/${name}";
   runCommand =
     name: _: _:

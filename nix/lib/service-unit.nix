@@ -1,0 +1,328 @@
+# One dflash instance as systemd sees it, builtins only: the settings file's content, the unit's
+# directives (from the data file `dflashctl unit` renders from), the refusals and warnings that need
+# no package, and the tmpfiles line of a static user's cache. nix/module.nix only wires these into
+# NixOS; tier 1 (tests/test_unit_nix.py) evaluates them with plain `nix eval` and compares each unit,
+# directive by directive, with `dflashctl unit`'s.
+#
+# An instance is the attribute set of its option values (every option set, as the module passes
+# them); `user` and `group` (module-only) may be missing, which means DynamicUser.
+let
+  inherit (builtins)
+    attrNames
+    concatLists
+    concatMap
+    concatStringsSep
+    elemAt
+    filter
+    genList
+    groupBy
+    isAttrs
+    isBool
+    isList
+    isString
+    length
+    listToAttrs
+    mapAttrs
+    match
+    substring
+    stringLength
+    ;
+
+  unitText = import ./unit-text.nix;
+  readJSON = path: builtins.fromJSON (builtins.readFile path);
+  data = readJSON ../../python/dflashctl/service/data/service-unit.json;
+  texts = readJSON ../../python/dflashctl/service/data/warnings.json;
+
+  hasPrefix = p: s: substring 0 (stringLength p) s == p;
+  optional = cond: x: if cond then [ x ] else [ ];
+  optionalAttrs = cond: attrs: if cond then attrs else { };
+  staticUser = i: (i.user or null) != null;
+  optionPath = name: "services.dflash.instances.${name}";
+
+  # The keys of the settings file `dflashctl serve` reads (config.KEYS there; tier 1 compares).
+  settingsKeys = [
+    "model"
+    "draftModel"
+    "modelRevision"
+    "draftModelRevision"
+    "hfTokenFile"
+    "offline"
+    "gpus"
+    "allowSharedGpus"
+    "tpSize"
+    "host"
+    "port"
+    "grammarBackend"
+    "constrainedJsonDisableAnyWhitespace"
+    "attentionBackend"
+    "memFractionStatic"
+    "contextLength"
+    "servedModelName"
+    "apiKeyFile"
+    "enableMetrics"
+    "environment"
+    "extraArgs"
+    "cacheDir"
+    "driverLibraryDir"
+    "startTimeoutSec"
+    "stallTimeoutSec"
+    "loadFormat"
+    "draftLoadFormat"
+    "skipTokenizerInit"
+    "cudaGraphMaxBs"
+    "samplingBackend"
+    "disableCudaGraph"
+  ];
+  speculativeKeys = [
+    "algorithm"
+    "numDraftTokens"
+    "ddtreeBudget"
+    "draftAttentionBackend"
+  ];
+  pick =
+    keys: attrs:
+    listToAttrs (
+      map (k: {
+        name = k;
+        value = attrs.${k};
+      }) keys
+    );
+
+  # Every string of a value with where it sits ("environment.X", "extraArgs[2]"); names too.
+  stringsOf =
+    where: v:
+    if isString v then
+      [
+        {
+          inherit where;
+          value = v;
+        }
+      ]
+    else if isList v then
+      concatLists (genList (n: stringsOf "${where}[${toString n}]" (elemAt v n)) (length v))
+    else if isAttrs v then
+      concatMap (
+        k:
+        let
+          at = if where == "" then k else "${where}.${k}";
+        in
+        stringsOf "${at} (the name)" k ++ stringsOf at v.${k}
+      ) (attrNames v)
+    else
+      [ ];
+
+  cacheOf = i: unitText.cacheDirDirectives data.cacheDir i.cacheDir (staticUser i);
+
+  credentials =
+    i:
+    optional (
+      i.apiKeyFile != null
+    ) "${data.apiKeyCredential}:${unitText.specifiers i.apiKeyFile}"
+    ++ optional (
+      i.hfTokenFile != null
+    ) "${data.hfTokenCredential}:${unitText.specifiers i.hfTokenFile}";
+
+  # A cacheDir directive that the data file also sets (CacheDirectory=%N) gets both values.
+  cacheDirectives =
+    i:
+    mapAttrs (
+      k: v:
+      if k == "CacheDirectory" then
+        [
+          data.service.CacheDirectory
+          v
+        ]
+      else
+        v
+    ) (if cacheOf i == null then { } else cacheOf i);
+
+  renderValue = v: if isBool v then (if v then "true" else "false") else toString v;
+
+  section =
+    title: directives:
+    [ "[${title}]" ]
+    ++ concatMap (
+      k:
+      let
+        v = directives.${k};
+      in
+      map (line: "${k}=${renderValue line}") (if isList v then v else [ v ])
+    ) (attrNames directives);
+
+  # A hub model not pinned to a commit (validate.revision_warnings says the same).
+  revisionWarnings =
+    name: key: model: rev:
+    let
+      local = model == null || builtins.any (p: hasPrefix p model) texts.localModelPrefixes;
+    in
+    if local then
+      [ ]
+    else if rev == null then
+      [
+        (unitText.fill texts.revisionMissing {
+          inherit name model key;
+        })
+      ]
+    else if match "[0-9a-f]{40}" rev == null then
+      [
+        (unitText.fill texts.revisionMoves {
+          inherit name key rev;
+        })
+      ]
+    else
+      [ ];
+in
+rec {
+  inherit data settingsKeys;
+
+  # The JSON `dflashctl serve --config` reads: the option names as they are, module-only ones out.
+  settings =
+    name: i:
+    {
+      inherit name;
+      speculative = pick speculativeKeys i.speculative;
+    }
+    // pick settingsKeys i;
+
+  # { Unit, Service, Install }: directive -> value (a list is one line per element). `dflashctl`,
+  # `python` and `settingsFile` are the absolute paths ExecStart runs.
+  directives =
+    {
+      name,
+      instance,
+      dflashctl,
+      python,
+      settingsFile,
+    }:
+    let
+      i = instance;
+    in
+    {
+      Unit = {
+        Description = unitText.specifiers (
+          unitText.fill data.description {
+            inherit name;
+            inherit (i) model;
+          }
+        );
+      }
+      // data.unit;
+      Service =
+        data.service
+        // {
+          ExecStart = unitText.commandLine [
+            dflashctl
+            "serve"
+            "--config"
+            settingsFile
+            "--python"
+            python
+          ];
+          TimeoutStartSec = "${toString (i.startTimeoutSec + data.timeoutStartMarginSec)}s";
+        }
+        // optionalAttrs (credentials i != [ ]) { LoadCredential = credentials i; }
+        // cacheDirectives i
+        // optionalAttrs (staticUser i) (
+          {
+            DynamicUser = false;
+            User = i.user;
+          }
+          // optionalAttrs ((i.group or null) != null) { Group = i.group; }
+        );
+      Install = data.install;
+    };
+
+  # The unit file of `directives`, lines sorted by key within a section (as NixOS writes them).
+  render =
+    d:
+    concatStringsSep "\n" (
+      section "Unit" d.Unit
+      ++ [ "" ]
+      ++ section "Service" d.Service
+      ++ [ "" ]
+      ++ section "Install" d.Install
+    )
+    + "\n";
+
+  # NixOS assertions ({ assertion, message }) of one instance, each naming its option.
+  assertions =
+    name: i:
+    let
+      opt = optionPath name;
+      inStore = path: path != null && hasPrefix builtins.storeDir path;
+    in
+    [
+      {
+        assertion = match "[A-Za-z0-9][A-Za-z0-9_-]{0,63}" name != null;
+        message = "${opt}: the instance name must be 1-64 letters, digits, '-' or '_' (it becomes part of the systemd unit name dflash-<name>.service)";
+      }
+      {
+        assertion = !inStore i.apiKeyFile;
+        message = "${opt}.apiKeyFile points into the Nix store, which every user can read; keep the key outside the store (e.g. /run/secrets).";
+      }
+      {
+        assertion = !inStore i.hfTokenFile;
+        message = "${opt}.hfTokenFile points into the Nix store, which every user can read; keep the token outside the store (e.g. /run/secrets).";
+      }
+      {
+        assertion = (i.user or null) != "root";
+        message = "${opt}.user = \"root\" would run SGLang with full privileges; use null (DynamicUser) or an unprivileged user";
+      }
+    ]
+    # The option types refuse these already; the rule stands here for callers without them.
+    ++ map (s: {
+      assertion = false;
+      message = "${opt}.${s.where}: ${unitText.controlProblem s.value}";
+    }) (filter (s: unitText.controlProblem s.value != null) (stringsOf "" (settings name i)))
+    ++ (
+      if i.cacheDir == null then
+        [ ]
+      else
+        [
+          {
+            assertion = unitText.cacheDirProblem data.cacheDir i.cacheDir == null;
+            message = "${opt}.cacheDir: ${toString (unitText.cacheDirProblem data.cacheDir i.cacheDir)}";
+          }
+          {
+            assertion = cacheOf i != null;
+            message = "${opt}.cacheDir: ${unitText.cacheDirNeedsUser i.cacheDir}";
+          }
+        ]
+    );
+
+  # systemd chowns a CacheDirectory/StateDirectory to the dynamic user of each start: two
+  # DynamicUser instances on one directory would take it from each other. `instances`: the enabled.
+  sharedCacheAssertions =
+    instances:
+    let
+      dynamic = filter (n: !staticUser instances.${n} && instances.${n}.cacheDir != null) (
+        attrNames instances
+      );
+      byDir = groupBy (n: instances.${n}.cacheDir) dynamic;
+    in
+    map (dir: {
+      assertion = false;
+      message = "services.dflash.instances.{${concatStringsSep "," byDir.${dir}}}.cacheDir: ${dir} is shared by DynamicUser instances, and systemd gives it to one dynamic user at a time; give each its own cacheDir, or run them as one static user";
+    }) (filter (dir: length byDir.${dir} > 1) (attrNames byDir));
+
+  # Allowed but probably unwanted: the texts of `dflashctl validate`'s warnings (warnings.json).
+  warnings =
+    name: i:
+    optional (i.grammarBackend == "none") (unitText.fill texts.grammarNone { inherit name; })
+    ++ optional (builtins.elem i.host texts.wildcardHosts && i.apiKeyFile == null) (
+      unitText.fill texts.openWithoutKey {
+        inherit name;
+        inherit (i) host;
+      }
+    )
+    ++ revisionWarnings name "modelRevision" i.model i.modelRevision
+    ++ revisionWarnings name "draftModelRevision" i.draftModel i.draftModelRevision;
+
+  # A static user's cacheDir outside /var/cache and /var/lib, created and owned for it by
+  # systemd-tmpfiles. `group`: the primary group the user runs with.
+  tmpfiles =
+    i: group:
+    optional (staticUser i && i.cacheDir != null && (cacheOf i) ? ReadWritePaths) (
+      unitText.tmpfilesLine data.cacheDir i.cacheDir i.user group
+    );
+}

@@ -1,0 +1,119 @@
+# nix/module.nix through the module system of a nixpkgs lib found outside the repository (never
+# committed; tests/test_module_eval.py skips without one), next to option declarations of our own
+# for the few NixOS options the module sets. They are minimal, written from the NixOS manual
+# (e.g. `isNormalUser` puts a user in the group "users"): enough to see the module's option types
+# refuse values, a host's definitions win over the module's mkDefault ones, and its wiring reach
+# `systemd.services` as nix/lib/service-unit.nix gave it. The real NixOS is tier 2 (checks.nixos-vm).
+#   nix-instantiate --eval --strict --json tests/nix/harness/module-eval.nix --arg lib 'import <lib>' \
+#     --argstr instancesJSON '{"a": {"model": "m"}}' [--arg host 'import ./host.nix']
+{
+  lib,
+  instancesJSON,
+  host ? { },
+}:
+let
+  inherit (lib) mkOption types;
+  package = name: {
+    type = "derivation";
+    inherit name;
+    outPath = "/nix/store/00000000000000000000000000000000-${name}";
+  };
+  pkgs = {
+    dflash-env = package "dflash-env";
+    dflashctl = package "dflashctl" // {
+      meta.mainProgram = "dflashctl";
+    };
+    dflashHostCompiler = package "gcc-wrapper";
+    writeText = name: _: "/nix/store/11111111111111111111111111111111-${name}";
+    runCommand = name: _: _: package name;
+  };
+  listOption =
+    type:
+    mkOption {
+      type = types.listOf type;
+      default = [ ];
+    };
+  declarations = {
+    options = {
+      assertions = listOption types.unspecified;
+      warnings = listOption types.str;
+      system.checks = listOption types.unspecified;
+      systemd.tmpfiles.rules = listOption types.str;
+      networking.firewall.allowedTCPPorts = listOption types.port;
+      systemd.services = mkOption {
+        default = { };
+        type = types.attrsOf (
+          types.submodule {
+            options = {
+              description = mkOption {
+                type = types.str;
+                default = "";
+              };
+              after = listOption types.str;
+              wants = listOption types.str;
+              wantedBy = listOption types.str;
+              path = listOption types.unspecified;
+              unitConfig = mkOption {
+                type = types.attrsOf types.unspecified;
+                default = { };
+              };
+              serviceConfig = mkOption {
+                type = types.attrsOf types.unspecified;
+                default = { };
+              };
+            };
+          }
+        );
+      };
+      users.groups = mkOption {
+        type = types.attrsOf (types.submodule { });
+        default = { };
+      };
+      users.users = mkOption {
+        default = { };
+        type = types.attrsOf (
+          types.submodule (
+            { config, ... }:
+            {
+              options = {
+                isSystemUser = mkOption {
+                  type = types.bool;
+                  default = false;
+                };
+                isNormalUser = mkOption {
+                  type = types.bool;
+                  default = false;
+                };
+                group = mkOption {
+                  type = types.str;
+                  default = "";
+                };
+              };
+              config.group = lib.mkIf config.isNormalUser (lib.mkDefault "users");
+            }
+          )
+        );
+      };
+    };
+  };
+  c =
+    (lib.evalModules {
+      specialArgs = { inherit pkgs; };
+      modules = [
+        ../../../nix/module.nix
+        declarations
+        host
+        { services.dflash.instances = builtins.fromJSON instancesJSON; }
+      ];
+    }).config;
+in
+{
+  failedAssertions = map (a: a.message) (builtins.filter (a: !a.assertion) c.assertions);
+  inherit (c) warnings;
+  services = lib.filterAttrs (n: _: lib.hasPrefix "dflash-" n) c.systemd.services;
+  tmpfiles = c.systemd.tmpfiles.rules;
+  users = c.users.users;
+  groups = builtins.attrNames c.users.groups;
+  firewall = c.networking.firewall.allowedTCPPorts;
+  checks = map (d: d.name) c.system.checks;
+}

@@ -1,0 +1,59 @@
+# The option declarations of nix/module.nix, read without nixpkgs: the module is called with a
+# `lib` of our own whose mkOption and types only record what they are given (no merging, no type
+# checks; those are NixOS's and run in tier 2). tests/test_unit_nix.py compares the defaults and
+# choices with dflashctl's settings schema.
+let
+  type = name: extra: { inherit name; } // extra;
+  lib = {
+    mkOption = decl: decl;
+    mkPackageOption = _: name: _: { default = "<package ${name}>"; };
+    literalExpression = text: { literal = text; };
+    types = {
+      str = type "str" { };
+      bool = type "bool" { };
+      package = type "package" { };
+      port = type "port" { };
+      ints.positive = type "positive" { };
+      ints.unsigned = type "unsigned" { };
+      numbers.between = lo: hi: type "between" { inherit lo hi; };
+      strMatching = pattern: type "strMatching" { inherit pattern; };
+      enum = values: type "enum" { inherit values; };
+      nullOr = t: type "nullOr" { of = t; };
+      listOf = t: type "listOf" { of = t; };
+      attrsOf = t: type "attrsOf" { of = t; };
+      submodule = m: type "submodule" { module = m; };
+      addCheck = t: _: t;
+    };
+  };
+  module = import ../../../nix/module.nix {
+    inherit lib;
+    config = throw "the option declarations must not read the configuration";
+    pkgs = { };
+  };
+  # A submodule's options; a function module is called as NixOS calls it, for an instance "x".
+  submoduleOptions =
+    t:
+    (
+      if builtins.isFunction t.module then
+        t.module {
+          name = "x";
+          config = { };
+        }
+      else
+        t.module
+    ).options;
+  declared = decl: {
+    type = decl.type.name;
+    default = decl.default or null;
+    hasDefault = decl ? default;
+    values = decl.type.values or decl.type.of.values or null;
+  };
+  instance = submoduleOptions module.options.services.dflash.instances.type.of;
+in
+{
+  top = builtins.attrNames module.options.services.dflash;
+  instance = builtins.mapAttrs (
+    k: decl: if k == "speculative" then { type = "submodule"; } else declared decl
+  ) (removeAttrs instance [ "package" ]);
+  speculative = builtins.mapAttrs (_: declared) (submoduleOptions instance.speculative.type);
+}

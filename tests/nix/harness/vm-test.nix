@@ -1,0 +1,26 @@
+# nix/vm-test.nix with a stub nixpkgs and flake, evaluated offline (tests/test_unit_nix.py): the
+# hosts the VM test boots and the script it runs, without booting anything.
+#   nix-instantiate --eval --strict --json --read-write-mode tests/nix/harness/vm-test.nix
+let
+  system = "x86_64-linux";
+  pkgs = {
+    stdenv.hostPlatform.system = system;
+    python3.interpreter = "/stub/python3";
+    curl = "curl";
+    writeShellScriptBin = name: text: { inherit name text; };
+    runCommand = name: _: script: { inherit name script; };
+    testers.runNixOSTest = args: args;
+  };
+  self = {
+    packages.${system}.dflashctl = "/stub/dflashctl";
+    nixosModules.dflash = "the flake's module";
+  };
+  test = import ../../../nix/vm-test.nix { inherit pkgs self; };
+in
+{
+  inherit (test) name testScript;
+  nodes = builtins.mapAttrs (_: node: {
+    inherit (node) imports;
+    inherit (node.services.dflash) instances package dflashctlPackage;
+  }) test.nodes;
+}

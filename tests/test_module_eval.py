@@ -1,0 +1,146 @@
+"""nix/module.nix through a real module system, where a nixpkgs lib is at hand (tests/nix/harness/module-eval.nix).
+
+nixpkgs' lib is not part of this repository and cannot be fetched here: set DFLASH_NIXPKGS_LIB to
+a directory holding lib/default.nix (e.g. a checkout of nix-community/nixpkgs.lib), or
+DFLASH_NIXPKGS to a nixpkgs checkout. Without one every test here is skipped with that reason;
+tier 2 (nix flake check: checks.nixos-example, checks.nixos-vm) covers the same against NixOS.
+"""
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import nix_unit
+from conftest import REPO, nix_or_skip
+
+pytestmark = pytest.mark.nix
+EVAL = REPO / "tests" / "nix" / "harness" / "module-eval.nix"
+OPT = "services.dflash.instances"
+QWEN = {"model": "Qwen/Qwen3-8B", "gpus": [0]}
+
+
+def nixpkgs_lib() -> Path | None:
+    for root in (os.environ.get("DFLASH_NIXPKGS_LIB"), os.environ.get("DFLASH_NIXPKGS")):
+        if root and (Path(root) / "lib" / "default.nix").exists():
+            return Path(root) / "lib"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _lib():
+    nix_or_skip()
+    if nixpkgs_lib() is None:
+        pytest.skip("no nixpkgs lib: set DFLASH_NIXPKGS_LIB to a nix-community/nixpkgs.lib checkout "
+                    "(outside the repository); tier 2 evaluates the module in NixOS itself")
+
+
+class Refused(Exception):
+    pass
+
+
+def evaluate(instances: dict, host: str | None = None) -> dict:
+    args = ["nix-instantiate", "--eval", "--strict", "--json", str(EVAL), "--arg", "lib",
+            f"import {nixpkgs_lib()}", "--argstr", "instancesJSON", json.dumps(instances)]
+    with tempfile.TemporaryDirectory(prefix="dflash-host-") as d:
+        if host is not None:
+            (Path(d) / "host.nix").write_text(host)
+            args += ["--arg", "host", f"import {d}/host.nix"]
+        r = subprocess.run(args, capture_output=True, text=True, env=nix_unit.nix_env(), timeout=300)
+    if r.returncode != 0:
+        raise Refused(r.stderr)
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("options,option", [
+    ({"model": "m\n[Service]\nExecStartPre=/bin/sh"}, "model"),
+    ({"cacheDir": "/var/cache/hf\nX=1"}, "cacheDir"),
+    ({"environment": {"X": "1\nY=2"}}, "environment.X"),
+    ({"host": "0.0.0.0\x1b"}, "host"),
+], ids=["model-newline", "cache-dir-newline", "environment-newline", "host-escape"])
+def test_option_types_refuse_control_characters(options, option):
+    with pytest.raises(Refused) as e:
+        evaluate({"a": {**QWEN, **options}})
+    assert f"{OPT}.a.{option}' is not of type" in str(e.value)
+    assert "string without newlines or other control characters" in str(e.value)
+
+
+@pytest.mark.parametrize("options,option", [
+    ({"port": 70000}, "port"), ({"grammarBackend": "fast"}, "grammarBackend"),
+    ({"user": "my user"}, "user"), ({"speculative": {"algorithm": "MEDUSA"}}, "speculative.algorithm"),
+    ({"tpSize": 0}, "tpSize"), ({"memFractionStatic": 1.5}, "memFractionStatic"),
+])
+def test_option_types_refuse_out_of_range_values(options, option):
+    with pytest.raises(Refused) as e:
+        evaluate({"a": {**QWEN, **options}})
+    assert f"{OPT}.a.{option}' is not of type" in str(e.value)
+
+
+def test_an_unknown_option_is_refused():
+    with pytest.raises(Refused) as e:
+        evaluate({"a": {**QWEN, "prot": 1}})
+    assert f"{OPT}.a.prot' does not exist" in str(e.value)
+
+
+def test_the_wiring_carries_the_pure_directives():
+    """systemd.services.dflash-a is nix/lib/service-unit.nix's unit, piece for piece."""
+    instances = {"a": {**QWEN, "apiKeyFile": "/run/k", "cacheDir": "/var/cache/hf", "user": "svc"}}
+    got = evaluate(instances)["services"]["dflash-a"]
+    full = {"a": nix_unit.full_options("a", instances["a"])}
+    want = nix_unit.evaluate_many([{"instances": full, "dflashctl": got["serviceConfig"]["ExecStart"].split()[0],
+                                    "python": got["serviceConfig"]["ExecStart"].split()[-1]}])[0][0]
+    d = want["units"]["a"]["directives"]
+    service = dict(got["serviceConfig"])
+    settings = service.pop("ExecStart").split()[3]
+    assert service == {k: v for k, v in d["Service"].items() if k != "ExecStart"}
+    assert settings.endswith("-dflash-a.json")
+    assert got["description"] == d["Unit"]["Description"]
+    assert got["after"] == d["Unit"]["After"] and got["wants"] == d["Unit"]["Wants"]
+    assert got["wantedBy"] == d["Install"]["WantedBy"]
+    assert got["unitConfig"] == {k: v for k, v in d["Unit"].items()
+                                 if k not in ("Description", "After", "Wants")}
+    assert got["path"] == ["/nix/store/00000000000000000000000000000000-gcc-wrapper"]
+
+
+def test_a_hosts_definitions_win_over_the_modules():
+    host = ('{ systemd.services.dflash-a = { description = "mine"; after = [ "x.service" ];'
+            ' serviceConfig.Restart = "always"; serviceConfig.DeviceAllow = [ "/dev/null rw" ];'
+            ' unitConfig.StartLimitBurst = 3; }; }')
+    got = evaluate({"a": QWEN}, host)["services"]["dflash-a"]
+    assert got["description"] == "mine" and got["serviceConfig"]["Restart"] == "always"
+    assert got["serviceConfig"]["DeviceAllow"] == ["/dev/null rw"]
+    assert got["unitConfig"]["StartLimitBurst"] == 3
+    assert sorted(got["after"]) == ["network-online.target", "x.service"]  # lists merge
+
+
+def test_users_new_and_existing():
+    out = evaluate({"a": {**QWEN, "user": "dflash"}, "b": {**QWEN, "gpus": [1], "port": 30001}})
+    assert out["users"]["dflash"] == {"isSystemUser": True, "isNormalUser": False, "group": "dflash"}
+    assert "dflash" in out["groups"]
+    out = evaluate({"a": {**QWEN, "user": "alice", "cacheDir": "/srv/hf"}},
+                   "{ users.users.alice.isNormalUser = true; }")
+    assert out["users"]["alice"] == {"isSystemUser": False, "isNormalUser": True, "group": "users"}
+    assert out["tmpfiles"] == ["d /srv/hf 0700 alice users -"]  # the user's own primary group
+
+
+def test_assertions_warnings_and_checks_reach_nixos():
+    out = evaluate({"a": {**QWEN, "hfTokenFile": "/nix/store/x-token"}})
+    assert any(m.startswith(f"{OPT}.a.hfTokenFile points into the Nix store") for m in out["failedAssertions"])
+    out = evaluate({"a": {**QWEN, "grammarBackend": "none", "host": "0.0.0.0", "openFirewall": True},
+                    "b": {**QWEN, "gpus": [1], "port": 30001, "speculative": {"algorithm": "DDTREE"},
+                          "draftModel": "d"}})
+    assert out["failedAssertions"] == []
+    assert out["warnings"] == nix_unit.evaluate({
+        "a": {**QWEN, "grammarBackend": "none", "host": "0.0.0.0"},
+        "b": {**QWEN, "gpus": [1], "port": 30001, "speculative": {"algorithm": "DDTREE"},
+              "draftModel": "d"}})["warnings"]
+    assert out["firewall"] == [30000]
+    assert out["checks"] == ["dflash-validate-settings", "dflash-validate-b-package"]
+
+
+def test_disabled_instances_have_no_unit():
+    out = evaluate({"a": QWEN, "b": {**QWEN, "gpus": [1], "port": 30001, "enable": False}})
+    assert list(out["services"]) == ["dflash-a"]
