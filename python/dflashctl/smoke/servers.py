@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl.errors import SERVER_DIED_AFTER_READY, DflashError
-from dflashctl.host import cuda_home, driver
+from dflashctl.host import cuda_home, driver, jit_caches
 from dflashctl.service import config, sglang_args
 from dflashctl.service.config import MAX_PORT
 from dflashctl.service.server import Server
@@ -46,9 +46,10 @@ def _free_port() -> int:
 
 
 def jit_cache_dir(env=os.environ) -> Path:
-    """Where SGLang's JIT kernels (sgl_kernel_jit through tvm-ffi) are compiled to: tvm-ffi's rule."""
-    home = env.get("HOME") or os.path.expanduser("~")
-    return Path(env.get("TVM_FFI_CACHE_DIR") or os.path.join(home, ".cache", "tvm-ffi"))
+    """Where the servers' SGLang JIT kernels (sgl_kernel_jit through tvm-ffi) are compiled to: the
+    variable build_env gives them (host/jit_caches.py), else tvm-ffi's own rule."""
+    env = dict(env)
+    return jit_caches.caches(jit_caches.provide(env, jit_caches.root_for(env)))["tvm-ffi"]
 
 
 def first_start_note(env=os.environ) -> str | None:
@@ -61,7 +62,7 @@ def first_start_note(env=os.environ) -> str | None:
     except OSError:
         pass  # no cache directory yet
     return (f"first start on this host: SGLang compiles its JIT kernels with nvcc (about a minute); "
-            f"they are kept in {cache} and ~/.cache/flashinfer, so later starts skip it")
+            f"they are kept in {cache} and beside it, so later starts skip it")
 
 
 def driver_note() -> str:
