@@ -63,6 +63,10 @@ def check(env: dict[str, str]) -> None:
                               "with DFLASH_PREBUILT_KERNELS instead", CONFIG)
 
 
+def same_dir(a: str | None, b: str | None) -> bool:
+    return bool(a and b) and os.path.realpath(a) == os.path.realpath(b)
+
+
 def caches(env: dict[str, str]) -> dict[str, Path]:
     """Each cache's directory as the tools will find it in `env` (their own defaults otherwise)."""
     home = env.get("HOME") or os.path.expanduser("~")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl.errors import SERVER_DIED_AFTER_READY, DflashError
-from dflashctl.host import cuda_home, driver, jit_caches
+from dflashctl.host import cuda_home, driver, jit_caches, kernels
 from dflashctl.service import config, sglang_args
 from dflashctl.service.config import MAX_PORT
 from dflashctl.service.server import Server
@@ -162,7 +162,7 @@ def start_server(a, run: str, target: str, draft: str | None, synthetic_pair: bo
     It joins `started` before its process exists, so a SIGTERM at any moment still stops it."""
     d = instance_settings(a, run, target, draft, synthetic_pair, _free_port(), launch)
     cfg = config.from_dict(d, d["name"], origin="smoke settings")
-    env, _ = driver.provide(cuda_home.provide(sglang_args.build_env(cfg), a.python))
+    env, _ = driver.provide(kernels.provide(cuda_home.provide(sglang_args.build_env(cfg), a.python)))
     srv = Server(sglang_args.build_argv(cfg, python=a.python), env,
                  work / "logs" / f"{run}.log", cfg.base_url)
     s = Started(run, srv, cfg)
