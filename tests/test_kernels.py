@@ -222,3 +222,33 @@ def test_the_libcuda_stub_carries_the_drivers_soname(tmp_path):
     (tmp_path / "cuda" / "lib64" / "stubs").mkdir(parents=True)
     (tmp_path / "cuda" / "lib64" / "stubs" / "libcuda.so").write_bytes(b"")
     assert kernels.libcuda_stub({"CUDA_HOME": str(tmp_path / "cuda")}, tmp_path / "t") is None  # the toolkit's own
+
+
+FAKE_NVML = '''
+import os
+def nvmlInit(): pass
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetHandleByUUID(u): return 0
+def nvmlDeviceGetCudaComputeCapability(h):
+    return tuple(int(x) for x in os.environ["FAKE_CC"].split("."))
+'''
+
+
+@pytest.mark.parametrize("cc,archs,used", [("9.0", ["9.0", "10.0"], True), ("12.0", ["9.0", "10.0"], False)])
+def test_flashinfers_aot_directory_is_given_only_for_a_listed_gpu(tmp_path, cc, archs, used):
+    """flashinfer loads <aot>/<module>/<module>.so with no arch check: the stand-in for the
+    flashinfer-jit-cache wheel hands the directory out only when this GPU is in the build."""
+    (tmp_path / "nvml").mkdir()
+    (tmp_path / "nvml" / "pynvml.py").write_text(FAKE_NVML)
+    aot = tmp_path / "prebuilt" / "flashinfer-aot"
+    aot.mkdir(parents=True)
+    code = ("import json, os, flashinfer_jit_cache as c\n"
+            "json.dump({'archs': %r, 'flashinfer': c.__version__}, open(%r, 'w'))\n"
+            "print(c.get_jit_cache_dir())" % (archs, str(aot / hook.RECORD)))
+    env = dict(os.environ, FAKE_CC=cc, DFLASH_PREBUILT_KERNELS=str(tmp_path / "prebuilt"),
+               PYTHONPATH=os.pathsep.join([str(kernels.HOOK_DIR), str(tmp_path / "nvml")]))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert (p.stdout.strip() == str(aot)) == used
+    if not used:
+        assert f"this GPU is {cc}" in p.stderr

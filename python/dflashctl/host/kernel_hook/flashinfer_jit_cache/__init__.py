@@ -26,14 +26,27 @@ def _why_not(aot: str) -> str | None:
         return f"{aot} holds no {RECORD}"
     if record.get("flashinfer") != __version__:
         return f"built for flashinfer {record.get('flashinfer')}, this is {__version__}"
-    try:
-        import torch
-        major, minor = torch.cuda.get_device_capability()
-    except Exception as e:  # no GPU here: nothing will launch a kernel anyway
-        return f"no GPU to compare ({type(e).__name__})"
-    if f"{major}.{minor}" not in record.get("archs", []):
-        return f"built for compute capability {', '.join(record.get('archs', []))}, this GPU is {major}.{minor}"
+    cap = _capability()
+    if cap is None:
+        return "this GPU's compute capability could not be read"
+    if cap not in record.get("archs", []):
+        return f"built for compute capability {', '.join(record.get('archs', []))}, this GPU is {cap}"
     return None
+
+
+def _capability() -> str | None:
+    """The first visible GPU's compute capability, through NVML: no CUDA context is made here
+    (flashinfer is imported by processes that never use the GPU)."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+        handle = (pynvml.nvmlDeviceGetHandleByIndex(int(first)) if first.isdigit()
+                  else pynvml.nvmlDeviceGetHandleByUUID(first))
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return f"{major}.{minor}"
+    except Exception:
+        return None
 
 
 def get_jit_cache_dir() -> str:
