@@ -56,6 +56,9 @@ def first_start_note(env=os.environ) -> str | None:
     """A line for the user when SGLang has never compiled its JIT kernels here (about 50 s of nvcc
     on an H200, docs/benchmarks.md); None once the cache holds something."""
     cache = jit_cache_dir(env)
+    if env.get(kernels.PREBUILT_ENV):
+        return (f"SGLang's JIT kernels: prebuilt ones from {env[kernels.PREBUILT_ENV]}; what they lack "
+                f"compiles into {cache}")
     try:
         if any(cache.iterdir()):
             return None

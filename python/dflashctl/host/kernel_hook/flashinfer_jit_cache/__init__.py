@@ -53,6 +53,7 @@ def get_jit_cache_dir() -> str:
     aot = os.path.join(os.environ.get("DFLASH_PREBUILT_KERNELS", ""), "flashinfer-aot")
     why = _why_not(aot)
     if why is None:
+        print(f"[dflash kernels] flashinfer's prebuilt modules from {aot}", file=sys.stderr, flush=True)
         return aot
     print(f"[dflash kernels] flashinfer's prebuilt modules not used: {why}", file=sys.stderr, flush=True)
     return os.path.join(aot, "not-used")
