@@ -252,3 +252,18 @@ def test_flashinfers_aot_directory_is_given_only_for_a_listed_gpu(tmp_path, cc, 
     assert (p.stdout.strip() == str(aot)) == used
     if not used:
         assert f"this GPU is {cc}" in p.stderr
+
+
+def test_the_interpreters_own_sitecustomize_still_runs(tmp_path):
+    """nixpkgs' Python has a sitecustomize (it reads NIX_PYTHONPATH); the hook's shadows it and runs it."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import sys\nsys.dflash_test_marker = 'ran'\n")
+    env = kernels.provide({**os.environ, "DFLASH_PREBUILT_KERNELS": str(tmp_path),
+                           "PYTHONPATH": str(tmp_path / "site")})
+    code = ("import sys, sitecustomize\n"
+            "print(getattr(sys, 'dflash_test_marker', None), sitecustomize.__file__)\n"
+            "print(any(type(f).__name__ == '_Finder' for f in sys.meta_path))")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    marker, hook_installed = p.stdout.splitlines()
+    assert marker == f"ran {tmp_path / 'site' / 'sitecustomize.py'}" and hook_installed == "True"
