@@ -58,10 +58,14 @@
           flakePackages = self.packages.${pkgs.stdenv.hostPlatform.system};
         in
         {
-          imports = [ ./nix/module.nix ];
+          imports = [
+            ./nix/module.nix
+            ./nix/kernels-option.nix
+          ];
           services.dflash.package = lib.mkDefault flakePackages.dflash-env;
           services.dflash.dflashctlPackage = lib.mkDefault flakePackages.dflashctl;
           services.dflash.hostCompilerPackage = lib.mkDefault flakePackages.dflash-host-compiler;
+          services.dflash.kernelsPackage = lib.mkDefault flakePackages.dflash-kernels;
         };
       nixosModules.default = self.nixosModules.dflash;
 
@@ -75,6 +79,8 @@
           dflashctl = pkgs.dflashctl;
           # The C/C++ compiler SGLang's JIT kernels are built with (pinned: nvcc 13.0 takes GCC <= 15).
           dflash-host-compiler = pkgs.dflashHostCompiler;
+          # SGLang's JIT kernels for sm90, sm100, sm120, built without a GPU (nix/packages/dflash-kernels.nix).
+          dflash-kernels = pkgs.dflash-kernels;
           default = pkgs.dflash-env;
         }
       );
@@ -86,6 +92,7 @@
           # SGLang's first start compiles kernels with nvcc, which calls gcc/c++: the pinned one.
           smoke = pkgs.writeShellScript "dflash-smoke" ''
             export PATH=${pkgs.dflashHostCompiler}/bin''${PATH:+:$PATH}
+            export DFLASH_PREBUILT_KERNELS=''${DFLASH_PREBUILT_KERNELS-${pkgs.dflash-kernels}}
             exec ${pkgs.dflash-env}/bin/dflashctl smoke "$@"
           '';
         in

@@ -95,4 +95,7 @@ in
     inherit (final) dflashctl;
     stack = final.dflashStack;
   };
+  # SGLang's JIT kernels built ahead (no GPU), e.g.
+  # dflash-kernels.override { cudaArchs = [ "sm120" ]; modelConfigs = [ ./qwen3-8b-config.json ]; }
+  dflash-kernels = final.callPackage ../nix/packages/dflash-kernels.nix { };
 }

@@ -14,7 +14,7 @@ from nixeval import eval_file, eval_json, nix_env
 pytestmark = pytest.mark.nix
 
 PER_SYSTEM = {
-    "packages": {"dflash-env", "dflashctl", "dflash-host-compiler", "default"},
+    "packages": {"dflash-env", "dflashctl", "dflash-host-compiler", "dflash-kernels", "default"},
     "apps": {"dflash-smoke"},
     "devShells": {"default"},
     "checks": {"pytest", "lock-matches-spec", "nixos-example", "nixos-vm", "formatting"},
@@ -58,7 +58,8 @@ def test_outputs_present_without_nixpkgs():
             assert names <= set(out[attr][system]), (attr, system)
     assert set(out["formatter"]) == SYSTEMS
     assert "default" in out["overlays"]
-    module = {"imports": ["module.nix"], "defaults": ["dflashctlPackage", "hostCompilerPackage", "package"]}
+    module = {"imports": ["module.nix", "kernels-option.nix"],
+              "defaults": ["dflashctlPackage", "hostCompilerPackage", "kernelsPackage", "package"]}
     assert out["nixosModules"] == {"dflash": module, "default": module}
 
 

@@ -42,7 +42,7 @@ def recordings(tmp_path, edit=None) -> Path:
 
 
 def env_for(recs: Path, fake: Path = FAKE, **extra) -> dict:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "DFLASH_PREBUILT_KERNELS"}  # the dev shell sets it
     env["PYTHONPATH"] = os.pathsep.join([str(PYTHON_DIR), str(fake)])
     env["FAKE_SGLANG_RECORDINGS"] = str(recs)
     env.update(extra)
@@ -176,6 +176,11 @@ def test_first_start_on_a_host_says_that_kernels_compile_once(tmp_path):
     warm = smoke(tmp_path, "--runs", "baseline", TVM_FFI_CACHE_DIR=str(cache))
     assert warm.returncode == 0, warm.stderr
     assert "first start on this host" not in warm.stderr
+    prebuilt = smoke(tmp_path, "--runs", "baseline", TVM_FFI_CACHE_DIR=str(tmp_path / "empty"),
+                     DFLASH_PREBUILT_KERNELS=str(tmp_path / "prebuilt"))
+    assert prebuilt.returncode == 0, prebuilt.stderr
+    assert f"prebuilt ones from {tmp_path / 'prebuilt'}" in prebuilt.stderr
+    assert "first start on this host" not in prebuilt.stderr
 
 
 def fake_without_ddtree(tmp_path) -> Path:

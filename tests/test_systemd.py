@@ -426,6 +426,15 @@ def test_cache_directory_is_home_and_persists_across_restarts(deploy, container,
     assert hf_home == (cache_dir or inst.home)  # cacheDir when set, else the cache directory
     hf = inst.read(f"{hf_home}/standin-starts").splitlines()
     assert len(hf) == 3, hf
+    # Every JIT cache (tvm-ffi, flashinfer, CuTe-DSL, Triton, CUDA, inductor) is named for the child,
+    # in the unit's own cache directory (not the model cache, not the private /tmp), and keeps what
+    # each start wrote.
+    env = json.loads(inst.read(f"{inst.home}/argv.json"))["env"]
+    jit = {v: env.get(v) for v in ("TVM_FFI_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "CUTE_DSL_CACHE_DIR",
+                                   "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCHINDUCTOR_CACHE_DIR")}
+    assert all(d and d.startswith(f"{inst.home}/jit/") for d in jit.values()), jit
+    for d in jit.values():
+        assert len(inst.read(f"{d}/standin-starts").splitlines()) == 3, d
 
 
 def test_jit_toolchain_under_the_sandbox(deploy):

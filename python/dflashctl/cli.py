@@ -18,6 +18,7 @@ COMMANDS = {
     "audit": "dflashctl.lock.audit",
     "doctor": "dflashctl.host.doctor",
     "diff": "dflashctl.host.fingerprint_diff",
+    "kernels": "dflashctl.host.kernels",
     "validate": "dflashctl.service.validate",
     "serve": "dflashctl.service.serve",
     "unit": "dflashctl.service.unit",

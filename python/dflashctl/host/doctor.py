@@ -10,7 +10,7 @@ import sys
 import time
 
 from dflashctl import errors
-from dflashctl.host import fingerprint, gpus, hub_cache
+from dflashctl.host import fingerprint, gpus, hub_cache, kernels
 from dflashctl.lock import locate, lockfile
 
 
@@ -32,6 +32,11 @@ def register(subparsers) -> None:
     p.add_argument("--record-nvml", metavar="FILE",
                    help=f"also save NVML's answers (GPU memory, utilization, processes) as a recording "
                         f"that {gpus.REPLAY_ENV}=FILE replays")
+    p.add_argument("--kernels", metavar="DIR", default=os.environ.get(kernels.PREBUILT_ENV),
+                   help=f"prebuilt kernel directory to check against this GPU (default ${kernels.PREBUILT_ENV})")
+    p.add_argument("--model-config", action="append", default=[], metavar="PATH",
+                   help="a model directory or config.json whose kernel shapes the prebuilt directory must "
+                        "cover (repeatable; default: the smoke's synthetic target)")
     p.set_defaults(func=run)
 
 
@@ -71,6 +76,8 @@ def run(args) -> int:
         env = dict(os.environ, **({"HF_HOME": args.hf_home} if args.hf_home else {}))
         fp["models"] = [hub_cache.inspect(env, *_repo_rev(m)).to_json() for m in args.model]
         fp["checks"] += [hub_cache.check(m).to_json() for m in fp["models"]]
+    fp["checks"].append(kernels.doctor_check(args.kernels, fp["probes"].get("torch") or {},
+                                             kernels.model_configs(args.model_config, False)).to_json())
     fp["seconds"] = round(time.monotonic() - started, 2)
     text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
     if args.record_nvml:

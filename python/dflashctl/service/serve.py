@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
                               SERVER_DIED_AFTER_READY, DflashError)
-from dflashctl.host import cuda_home, driver, gpus, hub_cache
+from dflashctl.host import cuda_home, driver, gpus, hub_cache, kernels
 from dflashctl.lock import locate
 from dflashctl.service import config, gpu_claim, sdnotify, sglang_args
 from dflashctl.service.server import Server, _describe, _indent
@@ -238,6 +238,7 @@ def _run(args) -> int:
         return OK
     api_key = read_api_key(cfg, env)
     child_env = cuda_home.provide(sglang_args.build_env(cfg, env, read_hf_token(cfg, env)), args.python)
+    child_env = kernels.provide(child_env)  # the prebuilt-kernel hook, when DFLASH_PREBUILT_KERNELS is set
     child_env, found = driver.provide(child_env, cfg.driver_library_dir)  # exits PREFLIGHT_DRIVER on a mismatch
     say(f"driver: {found.describe()}" if found else
         "driver: no NVIDIA driver libraries found by discovery; the loader's own search decides")

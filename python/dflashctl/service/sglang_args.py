@@ -9,6 +9,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from dflashctl.host import jit_caches
+
 if TYPE_CHECKING:  # config imports MAPPED_FLAGS from here; the settings type is only annotated
     from dflashctl.service.config import InstanceConfig
 
@@ -95,7 +97,8 @@ def build_argv(cfg: InstanceConfig, python: str = sys.executable, api_key: str |
 
 def build_env(cfg: InstanceConfig, base_env: dict[str, str] | None = None,
               hf_token: str | None = None) -> dict[str, str]:
-    """The child's environment: base_env + GPUs + model cache + the instance's `environment`.
+    """The child's environment: base_env + GPUs + model cache + the instance's `environment`, then
+    every JIT cache under the instance's cache directory (host/jit_caches.py; values set win).
 
     `hf_token` (read by serve from the systemd credential) becomes HF_TOKEN and nothing else:
     never argv, never a file the child or a log can show.
@@ -113,6 +116,7 @@ def build_env(cfg: InstanceConfig, base_env: dict[str, str] | None = None,
     # Logs reach the journal line by line, not in 8 KiB blocks.
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(cfg.environment)
+    env = jit_caches.provide(env, jit_caches.root_for(env, cfg.cache_dir))
     if hf_token is not None:
         env["HF_TOKEN"] = hf_token
     return env

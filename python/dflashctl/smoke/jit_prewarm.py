@@ -19,6 +19,8 @@ import subprocess
 import threading
 import time
 
+from dflashctl.host.kernels import calls_for  # noqa: F401 (the loaders the prewarm calls)
+
 # What the child runs (python -c SOURCE CALLS_JSON): standard library, torch and SGLang only.
 CHILD = r'''
 import importlib, json, os, sys, time
@@ -68,28 +70,6 @@ with ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
     results = list(pool.map(build, range(len(calls))))
 print(json.dumps({"imports_s": round(imported, 2), "calls": results}), flush=True)
 '''
-
-
-def calls_for(config: dict) -> list[list]:
-    """SGLang 0.5.11's JIT module loaders that a Qwen3-style model calls, with its shapes
-    (jit_kernel/norm.py, rope.py, kvcache.py, activation.py, clamp_position.py,
-    resolve_future_token_ids.py: on the H200's fresh start the last one was built just before the
-    first decode, ~7 s on the critical path, when the prewarm lacked it)."""
-    heads = config.get("num_attention_heads") or 1
-    head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads)
-    kv_heads = config.get("num_key_value_heads") or heads
-    dtype = "torch." + {"float16": "float16", "half": "float16", "float32": "float32"}.get(
-        str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"), "bfloat16")
-    row_bytes = kv_heads * head_dim * (4 if dtype == "torch.float32" else 2)
-    return [
-        ["sglang.jit_kernel.norm", "can_use_fused_inplace_qknorm", [head_dim, dtype]],
-        ["sglang.jit_kernel.rope", "_jit_fused_rope_module", [True, head_dim, dtype]],
-        ["sglang.jit_kernel.kvcache", "can_use_store_cache", [row_bytes]],
-        ["sglang.jit_kernel.activation", "_jit_activation_module", [dtype]],
-        ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int64"]],
-        ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int32"]],
-        ["sglang.jit_kernel.resolve_future_token_ids", "_jit_resolve_future_token_ids_module", ["torch.int64"]],
-    ]
 
 
 class Prewarm:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl.errors import SERVER_DIED_AFTER_READY, DflashError
-from dflashctl.host import cuda_home, driver
+from dflashctl.host import cuda_home, driver, jit_caches, kernels
 from dflashctl.service import config, sglang_args
 from dflashctl.service.config import MAX_PORT
 from dflashctl.service.server import Server
@@ -46,22 +46,26 @@ def _free_port() -> int:
 
 
 def jit_cache_dir(env=os.environ) -> Path:
-    """Where SGLang's JIT kernels (sgl_kernel_jit through tvm-ffi) are compiled to: tvm-ffi's rule."""
-    home = env.get("HOME") or os.path.expanduser("~")
-    return Path(env.get("TVM_FFI_CACHE_DIR") or os.path.join(home, ".cache", "tvm-ffi"))
+    """Where the servers' SGLang JIT kernels (sgl_kernel_jit through tvm-ffi) are compiled to: the
+    variable build_env gives them (host/jit_caches.py), else tvm-ffi's own rule."""
+    env = dict(env)
+    return jit_caches.caches(jit_caches.provide(env, jit_caches.root_for(env)))["tvm-ffi"]
 
 
 def first_start_note(env=os.environ) -> str | None:
     """A line for the user when SGLang has never compiled its JIT kernels here (about 50 s of nvcc
     on an H200, docs/benchmarks.md); None once the cache holds something."""
     cache = jit_cache_dir(env)
+    if env.get(kernels.PREBUILT_ENV):
+        return (f"SGLang's JIT kernels: prebuilt ones from {env[kernels.PREBUILT_ENV]}; what they lack "
+                f"compiles into {cache}")
     try:
         if any(cache.iterdir()):
             return None
     except OSError:
         pass  # no cache directory yet
     return (f"first start on this host: SGLang compiles its JIT kernels with nvcc (about a minute); "
-            f"they are kept in {cache} and ~/.cache/flashinfer, so later starts skip it")
+            f"they are kept in {cache} and beside it, so later starts skip it")
 
 
 def driver_note() -> str:
@@ -161,7 +165,7 @@ def start_server(a, run: str, target: str, draft: str | None, synthetic_pair: bo
     It joins `started` before its process exists, so a SIGTERM at any moment still stops it."""
     d = instance_settings(a, run, target, draft, synthetic_pair, _free_port(), launch)
     cfg = config.from_dict(d, d["name"], origin="smoke settings")
-    env, _ = driver.provide(cuda_home.provide(sglang_args.build_env(cfg), a.python))
+    env, _ = driver.provide(kernels.provide(cuda_home.provide(sglang_args.build_env(cfg), a.python)))
     srv = Server(sglang_args.build_argv(cfg, python=a.python), env,
                  work / "logs" / f"{run}.log", cfg.base_url)
     s = Started(run, srv, cfg)

@@ -411,8 +411,8 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
         plan.models = models_loaded(a, target, draft, synthetic_pair, started)
         plan.jit_prewarm = prewarm.result() if prewarm else {
             "enabled": False, "reason": "--no-jit-prewarm" if not a.jit_prewarm else "no local config.json"}
-        plan.jit_compiled = startup.compiled_since(startup.jit_caches(triton_cache=_triton_cache_of(started)),
-                                                   jit_since)
+        caches = startup.jit_caches(started[0].server.env if started else os.environ, _triton_cache_of(started))
+        plan.jit_compiled = startup.compiled_since(caches, jit_since)
         phases["start to table"] = time.monotonic() - t0
         return results, plan
     finally:

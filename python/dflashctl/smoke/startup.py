@@ -22,6 +22,7 @@ import os
 import re
 from pathlib import Path
 
+from dflashctl.host import jit_caches as host_jit_caches
 from dflashctl.smoke import jit_prewarm
 
 STAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)(?: [^\]]*)?\] (.*)$")
@@ -115,12 +116,11 @@ def phases(log_text: str, launched: dt.datetime, ready_s: float | None = None) -
 # --- JIT caches -------------------------------------------------------------------------------------
 
 def jit_caches(env=os.environ, triton_cache: str | None = None) -> dict[str, Path]:
-    """Where SGLang's servers compile to: tvm-ffi's and flashinfer's rules, smoke's Triton cache."""
-    home = env.get("HOME") or os.path.expanduser("~")
-    caches = {"tvm-ffi": Path(env.get("TVM_FFI_CACHE_DIR") or os.path.join(home, ".cache", "tvm-ffi")),
-              "flashinfer": Path(env.get("FLASHINFER_WORKSPACE_BASE") or home) / ".cache" / "flashinfer"}
-    triton = triton_cache or env.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache")
-    caches["triton"] = Path(triton)
+    """Where SGLang's servers compile to (host/jit_caches.py: their variables, else the tools' rules)."""
+    found = host_jit_caches.caches(dict(env))
+    caches = {name: found[name] for name in ("tvm-ffi", "flashinfer", "triton")}
+    if triton_cache:
+        caches["triton"] = Path(triton_cache)
     return caches
 
 

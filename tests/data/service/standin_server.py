@@ -13,7 +13,8 @@ It writes its argv as JSON to STANDIN_ARGV_FILE, appends a line to STANDIN_OK_FI
 and exits 0 on SIGTERM. For the systemd tier (tests/test_systemd.py), also:
   STANDIN_CHILDREN=N  start N helper processes in its process group that ignore SIGTERM (SGLang's
                       scheduler and detokenizer stay in the group; a stuck one must still go)
-  STANDIN_MARK=1      append "pid uid" to standin-starts in $HOME and in $HF_HOME
+  STANDIN_MARK=1      append "pid uid" to standin-starts in $HOME and in $HF_HOME, and in each
+                      JIT cache directory dflashctl names (TVM_FFI_CACHE_DIR, CUTE_DSL_CACHE_DIR, ...)
   STANDIN_JIT=1       first compile and run, with `c++` from PATH in $HOME/jit, a program that
                       dlopens a shared library, as SGLang's first start does (exit 5 if that fails)
 """
@@ -36,11 +37,13 @@ host = args[args.index("--host") + 1] if "--host" in args else "127.0.0.1"
 started = time.monotonic()
 served_ok = threading.Event()
 
+JIT_CACHES = ("TVM_FFI_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "CUTE_DSL_CACHE_DIR", "TRITON_CACHE_DIR",
+              "CUDA_CACHE_PATH", "TORCHINDUCTOR_CACHE_DIR")  # what dflashctl names (host/jit_caches.py)
 if os.environ.get("STANDIN_ARGV_FILE"):
     with open(os.environ["STANDIN_ARGV_FILE"], "w") as f:
         json.dump({"argv": sys.argv, "env": {k: v for k, v in os.environ.items()
                                              if k in ("CUDA_VISIBLE_DEVICES", "HF_HOME", "FOO", "HF_TOKEN",
-                                                      "HF_HUB_OFFLINE")}}, f)
+                                                      "HF_HUB_OFFLINE", *JIT_CACHES)}}, f)
 
 
 def on_term(signum, frame):
@@ -133,7 +136,9 @@ for _ in range(int(os.environ.get("STANDIN_CHILDREN", "0"))):
     if os.fork() == 0:
         helper_child()
 if os.environ.get("STANDIN_MARK") == "1":
-    for directory in {os.environ["HOME"], os.environ["HF_HOME"]}:  # often one and the same
+    jit = [os.environ[v] for v in JIT_CACHES if v in os.environ]
+    for directory in {os.environ["HOME"], os.environ["HF_HOME"], *jit}:  # HOME and HF_HOME: often one
+        os.makedirs(directory, exist_ok=True)  # the JIT caches' directories are made by their tools
         with open(os.path.join(directory, "standin-starts"), "a") as f:
             f.write(f"{os.getpid()} {os.getuid()}\n")
 if os.environ.get("STANDIN_JIT") == "1":

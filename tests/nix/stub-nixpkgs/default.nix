@@ -27,6 +27,7 @@ builtins.trace "stub nixpkgs imported for ${system}" {
     );
   dflashctl = "dflashctl-${system}";
   dflashHostCompiler = "gcc14-${system}";
+  dflash-kernels = "dflash-kernels-${system}";
   nixfmt-tree = "nixfmt-tree-${system}";
   nixfmt = "nixfmt";
   git = "git";

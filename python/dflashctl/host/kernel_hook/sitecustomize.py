@@ -1,0 +1,33 @@
+"""Python imports this at start-up because dflashctl put its directory first on PYTHONPATH.
+
+It installs the prebuilt-kernel hook (dflash_kernel_hook.py) when $DFLASH_PREBUILT_KERNELS or
+$DFLASH_KERNELS_RECORD is set, then runs the interpreter's own sitecustomize, which this file
+shadows (nixpkgs' Python has one: it reads NIX_PYTHONPATH).
+"""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+
+if os.environ.get("DFLASH_PREBUILT_KERNELS") or os.environ.get("DFLASH_KERNELS_RECORD"):
+    try:
+        import dflash_kernel_hook
+        dflash_kernel_hook.install()
+    except Exception as e:  # never stop SGLang: without the hook it compiles as it always did
+        print(f"[dflash kernels] hook not installed ({type(e).__name__}: {e}); SGLang compiles its "
+              "kernels itself", file=sys.stderr)
+
+
+def _run_the_shadowed_one() -> None:
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+_run_the_shadowed_one()

@@ -1,0 +1,354 @@
+"""`dflashctl kernels build|status`: SGLang's JIT kernels compiled ahead, without a GPU, and used read-only.
+
+`build` runs SGLang's own module loaders (the calls below, with each model's shapes) in the stack's
+interpreter once per CUDA arch, with no GPU visible and `override_jit_cuda_arch` naming the arch;
+kernel_hook/dflash_kernel_hook.py copies every module tvm-ffi builds into `--out` under tvm-ffi's
+own key, with the headers' digest and the arch list. `index.json` there says which calls were built
+for which arch. At run time `provide(env)` puts the hook first on the SGLang child's PYTHONPATH when
+$DFLASH_PREBUILT_KERNELS names such a directory: a module found there is loaded as it is, anything
+else compiles into the writable TVM_FFI_CACHE_DIR as before.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dflashctl.errors import CONFIG, FAILED, DflashError
+from dflashctl.host import cuda_home, jit_caches, probes
+from dflashctl.host.kernel_hook import dflash_kernel_hook as hook
+
+HOOK_DIR = Path(hook.__file__).resolve().parent
+PREBUILT_ENV = hook.PREBUILT_ENV
+INDEX = "index.json"
+INDEX_FORMAT = 1
+DEFAULT_ARCHS = ["sm90", "sm100", "sm120"]  # H100/H200, B200, RTX PRO 6000 Blackwell
+# The smoke's synthetic target (smoke/synthetic.py; tests/test_kernels.py keeps the two equal).
+SMOKE_TARGET = {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64,
+                "hidden_size": 1024, "torch_dtype": "bfloat16"}
+
+
+def calls_for(config: dict) -> list[list]:
+    """SGLang 0.5.11's JIT module loaders that a Qwen3-style model calls, with its shapes
+    (jit_kernel/norm.py, rope.py, kvcache.py, activation.py, clamp_position.py,
+    resolve_future_token_ids.py: on the H200's fresh start the last one was built just before the
+    first decode, ~7 s on the critical path, when the prewarm lacked it)."""
+    heads = config.get("num_attention_heads") or 1
+    head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads)
+    kv_heads = config.get("num_key_value_heads") or heads
+    dtype = "torch." + {"float16": "float16", "half": "float16", "float32": "float32"}.get(
+        str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"), "bfloat16")
+    row_bytes = kv_heads * head_dim * (4 if dtype == "torch.float32" else 2)
+    return [
+        ["sglang.jit_kernel.norm", "can_use_fused_inplace_qknorm", [head_dim, dtype]],
+        ["sglang.jit_kernel.rope", "_jit_fused_rope_module", [True, head_dim, dtype]],
+        ["sglang.jit_kernel.kvcache", "can_use_store_cache", [row_bytes]],
+        ["sglang.jit_kernel.activation", "_jit_activation_module", [dtype]],
+        ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int64"]],
+        ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int32"]],
+        ["sglang.jit_kernel.resolve_future_token_ids", "_jit_resolve_future_token_ids_module", ["torch.int64"]],
+    ]
+
+
+def arch_version(arch: str) -> str:
+    """`sm90` / `sm_90` / `9.0` -> `9.0` (the form TVM_FFI_CUDA_ARCH_LIST and torch use)."""
+    a = arch.strip().lower().replace("sm_", "").replace("sm", "")
+    if "." in a:
+        major, _, minor = a.partition(".")
+    else:
+        major, minor = a[:-1], a[-1:]
+    if not (major.isdigit() and minor.isdigit()):
+        raise DflashError(f"unknown CUDA arch {arch!r}", "", "name archs as sm90, sm100, sm120 (or 9.0)", CONFIG)
+    return f"{int(major)}.{int(minor)}"
+
+
+# What the build child runs (python -c SOURCE CALLS_JSON ARCH): standard library, torch, SGLang.
+CHILD = r'''
+import contextlib, importlib, json, os, sys, time
+from concurrent.futures import ThreadPoolExecutor
+calls, arch = json.loads(sys.argv[1]), sys.argv[2]
+major, minor = (int(x) for x in arch.split("."))
+os.environ["TVM_FFI_CUDA_ARCH_LIST"] = arch  # SGLang sets the same value around each build
+try:
+    import torch
+    def value(a):
+        return getattr(torch, a[6:]) if isinstance(a, str) and a.startswith("torch.") else a
+except ImportError:  # the tests' stand-in loaders need no torch
+    def value(a):
+        return a
+try:
+    from sglang.jit_kernel.utils import override_jit_cuda_arch
+    context = override_jit_cuda_arch(major, minor)
+except ImportError:
+    context = contextlib.nullcontext()
+
+def build(call):
+    module, function, args = call
+    start = time.monotonic()
+    try:
+        built = getattr(importlib.import_module(module), function)(*[value(a) for a in args])
+        ok = built is not False  # the can_use_* loaders answer False when SGLang could not build
+        return {"call": call, "ok": ok, "seconds": round(time.monotonic() - start, 2),
+                **({} if ok else {"error": "SGLang could not build it (its log says why)"})}
+    except Exception as e:
+        return {"call": call, "ok": False, "error": f"{type(e).__name__}: {str(e)[:2000]}",
+                "seconds": round(time.monotonic() - start, 2)}
+
+with context:
+    with ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
+        results = list(pool.map(build, calls))
+print(json.dumps(results), flush=True)
+'''
+
+
+# flashinfer's RMSNorm module, built ahead (python -c SOURCE ARCHS OUT): flashinfer's own JIT spec,
+# compiled by its own ninja into a scratch workspace, then copied where its AOT loader looks.
+FLASHINFER_CHILD = r'''
+import json, os, shutil, sys
+from importlib.metadata import version
+os.environ["FLASHINFER_CUDA_ARCH_LIST"] = sys.argv[1]
+from flashinfer.jit.norm import gen_norm_module
+spec = gen_norm_module()
+spec.build(verbose=False)
+dest = os.path.join(sys.argv[2], "flashinfer-aot", spec.name)
+os.makedirs(dest, exist_ok=True)
+shutil.copyfile(spec.jit_library_path, os.path.join(dest, spec.name + ".so"))
+print(json.dumps({"module": spec.name, "flashinfer": version("flashinfer-python")}), flush=True)
+'''
+FLASHINFER_AOT = "flashinfer-aot"
+
+
+def libcuda_stub(env: dict[str, str], scratch: Path) -> Path | None:
+    """flashinfer links its modules with -lcuda from $CUDA_HOME/lib64/stubs, which the stack's CUDA
+    wheels do not have and a build machine without a driver lacks: an empty libcuda.so with the
+    driver's soname, for the link only (the module then needs libcuda.so.1, found at run time)."""
+    home = env.get("CUDA_HOME") or env.get("CUDA_PATH") or "/usr/local/cuda"
+    if Path(home, "lib64", "stubs", "libcuda.so").exists():
+        return None
+    cc = env.get("CC") or "cc"
+    scratch.mkdir(parents=True, exist_ok=True)
+    (scratch / "stub.c").write_text("/* link-time stand-in for the NVIDIA driver's libcuda */\n")
+    p = subprocess.run([cc, "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(scratch / "libcuda.so"),
+                        str(scratch / "stub.c")], env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise DflashError("cannot make the libcuda link stub flashinfer's norm module needs", p.stderr.strip(),
+                          f"install a C compiler ({cc}) or set CUDA_HOME to a toolkit with lib64/stubs", FAILED)
+    return scratch
+
+
+def build_flashinfer_norm(python: str, out: Path, archs: list[str], env: dict[str, str],
+                          timeout: float = 1800.0) -> dict:
+    """flashinfer's `norm` module as one fat binary for `archs` into `out`/flashinfer-aot/norm/."""
+    versions = [arch_version(a) for a in archs]
+    child_env = cuda_home.provide(dict(env), python)
+    child_env["CUDA_VISIBLE_DEVICES"] = ""
+    with tempfile.TemporaryDirectory(prefix="dflash-flashinfer-") as staging:
+        child_env["FLASHINFER_WORKSPACE_BASE"] = staging
+        stub = libcuda_stub(child_env, Path(staging))
+        if stub:
+            child_env["FLASHINFER_EXTRA_LDFLAGS"] = f"-L{stub}"
+        p = subprocess.run([python, "-c", FLASHINFER_CHILD, " ".join(versions), str(out.resolve())],
+                           env=child_env, capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    try:
+        done = json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise DflashError(f"flashinfer's norm module did not build (exit {p.returncode})",
+                          "its output ends with:\n" + "\n".join(p.stderr.strip().splitlines()[-15:]),
+                          "it needs cuBLAS and cuRAND headers beside nvcc (the stack's nvidia wheels); "
+                          "--no-flashinfer-norm skips it", FAILED)
+    record = {"format": INDEX_FORMAT, "archs": versions, "flashinfer": done["flashinfer"],
+              "modules": [done["module"]]}
+    (out / FLASHINFER_AOT / hook.RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def provide(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the prebuilt-kernel hook first on PYTHONPATH when $DFLASH_PREBUILT_KERNELS is set."""
+    env = dict(env)
+    root = env.get(PREBUILT_ENV)
+    if not root:
+        return env
+    if jit_caches.same_dir(env.get("TVM_FFI_CACHE_DIR"), root):
+        raise DflashError(f"TVM_FFI_CACHE_DIR and {PREBUILT_ENV} are both {root}",
+                          "the prebuilt directory is read-only; tvm-ffi would wait forever on its lock",
+                          "leave TVM_FFI_CACHE_DIR unset (it then lives in the instance's cache directory)",
+                          CONFIG)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(HOOK_DIR)]
+    env["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR)] + parts)
+    if Path(root, FLASHINFER_AOT, "norm", "norm.so").exists():
+        # With nvidia-cutlass-dsl installed flashinfer would take its CuTe-DSL RMSNorm and compile
+        # that at the first start; the prebuilt nvcc build needs no compiler (docs/benchmarks.md).
+        env.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
+    return env
+
+
+def read_index(root: str | Path) -> dict | None:
+    try:
+        index = json.loads(Path(root, INDEX).read_text())
+    except (OSError, ValueError):
+        return None
+    return index if index.get("format") == INDEX_FORMAT else None
+
+
+def coverage(root: str | Path, arch: str, configs: dict[str, dict]) -> tuple[bool, str]:
+    """Whether `root` holds every kernel each model in `configs` (label -> config.json) needs on
+    `arch`; (covered, one line saying what is missing)."""
+    index = read_index(root)
+    if index is None:
+        return False, f"{root} holds no {INDEX} of `dflashctl kernels build`"
+    built = index.get("built", {}).get(arch_version(arch))
+    if built is None:
+        archs = ", ".join(sorted(index.get("built", {}))) or "none"
+        return False, f"not built for compute capability {arch_version(arch)} (built: {archs})"
+    missing = {label: [c for c in calls_for(cfg) if c not in built] for label, cfg in configs.items()}
+    missing = {label: m for label, m in missing.items() if m}
+    if missing:
+        text = "; ".join(f"{label}: {len(m)} of {len(calls_for(configs[label]))} modules "
+                         f"(first {m[0][1]}{tuple(m[0][2])})" for label, m in missing.items())
+        return False, f"compute capability {arch_version(arch)} is built, but not every shape: {text}"
+    return True, (f"compute capability {arch_version(arch)}, {len(configs)} model shape(s): every "
+                  "module prebuilt")
+
+
+def calls_of(configs: dict[str, dict]) -> list[list]:
+    calls: list[list] = []
+    for cfg in configs.values():
+        calls += [c for c in calls_for(cfg) if c not in calls]
+    return calls
+
+
+def doctor_check(root: str | None, torch_probe: dict, configs: dict[str, dict]) -> probes.Check:
+    """Doctor's `prebuilt-kernels` line: does `root` cover each visible GPU's arch and `configs`?"""
+    name = "prebuilt-kernels"
+    if not root:
+        return probes.warn(name, f"none (${PREBUILT_ENV} is not set): a first start compiles SGLang's "
+                                 "JIT kernels, about a minute",
+                           f"dflashctl kernels build --out DIR (the flake's dflash-kernels package), then "
+                           f"{PREBUILT_ENV}=DIR")
+    caps = sorted({g["compute_capability"] for g in (torch_probe.get("facts") or {}).get("gpus", [])})
+    if not caps:
+        return probes.warn(name, f"{root}: no GPU visible to compare its arch with", "run doctor on the GPU host")
+    lines, covered = [], True
+    for cap in caps:
+        ok, text = coverage(root, cap, configs)
+        covered &= ok
+        lines.append(text)
+    summary = f"{root}: " + "; ".join(lines)
+    if covered:
+        return probes.ok(name, summary, archs=caps, models=sorted(configs))
+    return probes.warn(name, summary + " (what is missing compiles at the first start)",
+                       "add the arch or model to the kernel build (dflashctl kernels build --arch SM "
+                       "--model-config PATH)", archs=caps, models=sorted(configs))
+
+
+def build(python: str, out: Path, archs: list[str], calls: list[list], env: dict[str, str],
+          timeout: float = 1800.0, say=print) -> dict:
+    """Compile every call (module, loader, args) for every arch into `out`; the index it wrote."""
+    out.mkdir(parents=True, exist_ok=True)
+    index = read_index(out) or {"format": INDEX_FORMAT, "built": {}}
+    child_env = cuda_home.provide(dict(env), python)
+    child_env.update({"CUDA_VISIBLE_DEVICES": "", hook.RECORD_ENV: str(out.resolve())})
+    child_env.pop(PREBUILT_ENV, None)
+    child_env["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR)] + [p for p in env.get("PYTHONPATH", "").split(
+        os.pathsep) if p])
+    failures = []
+    for arch in map(arch_version, archs):
+        with tempfile.TemporaryDirectory(prefix="dflash-kernels-") as staging:
+            child_env["TVM_FFI_CACHE_DIR"] = staging  # tvm-ffi's own builds; the hook copies the .so out
+            started = time.monotonic()
+            p = subprocess.run([python, "-c", CHILD, json.dumps(calls), arch], env=child_env,
+                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        try:
+            results = json.loads(p.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise DflashError(f"the kernel build for {arch} exited with status {p.returncode}",
+                              "its output ends with:\n" + "\n".join(p.stderr.strip().splitlines()[-15:]),
+                              f"check that {python} has SGLang and tvm-ffi and that nvcc and c++ work", FAILED)
+        ok = [r["call"] for r in results if r["ok"]]
+        index["built"][arch] = sorted(ok + [c for c in index["built"].get(arch, []) if c not in ok])
+        failures += [(arch, r) for r in results if not r["ok"]]
+        say(f"kernels: {arch}: {len(ok)}/{len(results)} modules in {time.monotonic() - started:.0f} s")
+    index["archs"] = sorted(index["built"], key=lambda a: tuple(map(int, a.split("."))))
+    tmp = out / f".{INDEX}.tmp"
+    tmp.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    tmp.replace(out / INDEX)
+    if failures:
+        arch, r = failures[0]
+        raise DflashError(f"{len(failures)} kernel module(s) did not build (first: {arch} {r['call'][1]}"
+                          f"{tuple(r['call'][2])})", r.get("error", ""),
+                          "read the error above; the modules that built are in the index and are used",
+                          FAILED)
+    return index
+
+
+def read_config(path: str) -> dict:
+    p = Path(path)
+    p = p / "config.json" if p.is_dir() else p
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise DflashError(f"cannot read the model config {p}", str(e),
+                          "pass --model-config a model directory or its config.json", CONFIG) from None
+
+
+def model_configs(paths: list[str], smoke: bool) -> dict[str, dict]:
+    configs = {p: read_config(p) for p in paths}
+    if smoke or not configs:
+        configs["smoke's synthetic target"] = dict(SMOKE_TARGET)
+    return configs
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("kernels", help="SGLang's JIT kernels built ahead (no GPU needed), used read-only",
+                              description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    b = sub.add_parser("build", help="compile the kernels for named archs and model shapes into a directory")
+    b.add_argument("--out", required=True, metavar="DIR", help="the prebuilt directory (DFLASH_PREBUILT_KERNELS)")
+    s = sub.add_parser("status", help="whether a prebuilt directory covers an arch and model shapes")
+    s.add_argument("--dir", metavar="DIR", default=os.environ.get(PREBUILT_ENV),
+                   help=f"the prebuilt directory (default ${PREBUILT_ENV})")
+    for q in (b, s):
+        q.add_argument("--arch", action="append", metavar="SM",
+                       help=f"CUDA arch, repeatable (build default: {' '.join(DEFAULT_ARCHS)})")
+        q.add_argument("--model-config", action="append", default=[], metavar="PATH",
+                       help="a model directory or config.json whose shapes to build (repeatable)")
+        q.add_argument("--smoke", action="store_true",
+                       help="also the smoke's synthetic target (the default when no --model-config is given)")
+    b.add_argument("--python", default=sys.executable, help="the stack's interpreter (default: this one)")
+    b.add_argument("--no-flashinfer-norm", dest="flashinfer_norm", action="store_false",
+                   help="skip flashinfer's RMSNorm module (built by default, one binary for every arch)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    configs = model_configs(args.model_config, args.smoke)
+    if args.action == "build":
+        out = Path(args.out)
+        build(args.python, out, args.arch or DEFAULT_ARCHS, calls_of(configs), dict(os.environ),
+              say=lambda t: print(t, file=sys.stderr, flush=True))
+        if args.flashinfer_norm:
+            started = time.monotonic()
+            done = build_flashinfer_norm(args.python, out, args.arch or DEFAULT_ARCHS, dict(os.environ))
+            print(f"kernels: flashinfer {done['flashinfer']} norm for {' '.join(done['archs'])} in "
+                  f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        print(f"kernels: {out} holds {len(list(out.glob('*/' + hook.RECORD)))} prebuilt modules; "
+              f"use it with {PREBUILT_ENV}={out.resolve()}")
+        return 0
+    if not args.dir:
+        raise DflashError("no prebuilt kernel directory given", "",
+                          f"pass --dir DIR or set {PREBUILT_ENV}", CONFIG)
+    covered = True
+    archs = args.arch or (read_index(args.dir) or {}).get("archs") or []
+    if not archs:
+        raise DflashError(f"{args.dir} holds no {INDEX} of `dflashctl kernels build`", "",
+                          f"build it: dflashctl kernels build --out {args.dir}", FAILED)
+    for arch in archs:
+        ok, text = coverage(args.dir, arch, configs)
+        covered &= ok
+        print(f"{'ok' if ok else 'miss':<4}  {text}")
+    return 0 if covered else FAILED
+
