@@ -58,10 +58,7 @@
           flakePackages = self.packages.${pkgs.stdenv.hostPlatform.system};
         in
         {
-          imports = [
-            ./nix/module.nix
-            ./nix/kernels-option.nix
-          ];
+          imports = [ ./nix/module.nix ];
           services.dflash.package = lib.mkDefault flakePackages.dflash-env;
           services.dflash.dflashctlPackage = lib.mkDefault flakePackages.dflashctl;
           services.dflash.hostCompilerPackage = lib.mkDefault flakePackages.dflash-host-compiler;

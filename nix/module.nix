@@ -37,10 +37,12 @@ let
   # The names NixOS accepts for users and groups.
   accountName = types.strMatching "[a-zA-Z0-9_.][a-zA-Z0-9_.-]*";
 
+  settingsOf =
+    name: i: serviceUnit.settings name (serviceUnit.withPrebuiltKernels cfg.kernelsPackage i);
   settingsFile =
-    name: i: pkgs.writeText "dflash-${name}.json" (builtins.toJSON (serviceUnit.settings name i));
+    name: i: pkgs.writeText "dflash-${name}.json" (builtins.toJSON (settingsOf name i));
   allSettings = pkgs.writeText "dflash-instances.json" (
-    builtins.toJSON { instances = lib.mapAttrs serviceUnit.settings instances; }
+    builtins.toJSON { instances = lib.mapAttrs settingsOf instances; }
   );
 
   # Build-time validation, rules written once in Python. Step 1: every instance's settings and the
@@ -451,6 +453,20 @@ in
       description = ''
         C/C++ compiler on the units' PATH, which nvcc and tvm-ffi call when SGLang compiles its JIT
         kernels at the first start (this flake's pinned GCC 14: CUDA 13.0 refuses GCC newer than 15).
+      '';
+    };
+    kernelsPackage = mkOption {
+      type = types.nullOr types.package;
+      default = null;
+      defaultText = literalExpression "null (the flake's module: packages.<system>.dflash-kernels)";
+      example = literalExpression ''dflash.packages.''${system}.dflash-kernels.override { cudaArchs = [ "sm120" ]; }'';
+      description = ''
+        SGLang's JIT kernels built ahead without a GPU (`dflashctl kernels build`), given to every
+        instance as `DFLASH_PREBUILT_KERNELS` in its settings' environment (an instance's own value
+        wins): a first start loads them instead of compiling for about a minute. A kernel the
+        package lacks (another GPU arch, another model shape, a patched SGLang) is compiled into
+        the instance's cache directory at the first start, as without it. `null`: every host
+        compiles its own at the first start.
       '';
     };
     instances = mkOption {

@@ -58,7 +58,7 @@ def test_outputs_present_without_nixpkgs():
             assert names <= set(out[attr][system]), (attr, system)
     assert set(out["formatter"]) == SYSTEMS
     assert "default" in out["overlays"]
-    module = {"imports": ["module.nix", "kernels-option.nix"],
+    module = {"imports": ["module.nix"],
               "defaults": ["dflashctlPackage", "hostCompilerPackage", "kernelsPackage", "package"]}
     assert out["nixosModules"] == {"dflash": module, "default": module}
 

@@ -222,6 +222,17 @@ def test_systemd_accepts_every_unit(valid_results, tmp_path):
         assert score <= MAX_EXPOSURE, (path.name, r.stdout)
 
 
+def test_prebuilt_kernels_reach_the_settings_and_an_instances_own_value_wins(valid_results):
+    plain = valid_results["plain"]["units"]["a"]
+    assert plain["withKernels"]["environment"] == {"DFLASH_PREBUILT_KERNELS": "/nix/store/kernels"}
+    assert {k: v for k, v in plain["withKernels"].items() if k != "environment"} == \
+        {k: v for k, v in plain["settings"].items() if k != "environment"}
+    own = valid_results["environment"]["units"]["a"]["withKernels"]["environment"]
+    assert own == {"DFLASH_PREBUILT_KERNELS": "/nix/store/kernels", "NCCL_DEBUG": "WARN", "X": "$HOME %h 'q'"}
+    mine = nix_unit.evaluate({"a": {**QWEN, "environment": {"DFLASH_PREBUILT_KERNELS": "/opt/k"}}})
+    assert mine["units"]["a"]["withKernels"]["environment"] == {"DFLASH_PREBUILT_KERNELS": "/opt/k"}
+
+
 def test_static_user_cache_outside_var_is_created_for_it(valid_results):
     assert valid_results["static-user-srv-cache"]["tmpfiles"] == ['d "/srv/hf cache/%%h" 0700 dflash dflash -']
     assert valid_results["static-user-and-group"]["tmpfiles"] == []  # systemd's CacheDirectory=%N
@@ -364,7 +375,9 @@ def test_module_declares_dflashctls_settings_with_its_defaults(declared):
         assert decl["default"] is None, key
     assert declared["speculative"]["algorithm"]["values"] == list(config.ALGORITHMS)
     assert options["grammarBackend"]["values"] == list(config.GRAMMAR_BACKENDS)
-    assert declared["top"] == sorted(["package", "dflashctlPackage", "hostCompilerPackage", "instances"])
+    assert declared["top"] == sorted(["package", "dflashctlPackage", "hostCompilerPackage",
+                                      "kernelsPackage", "instances"])
+    assert declared["kernels"] == {"type": "nullOr", "default": None, "hasDefault": True, "values": None}
 
 
 def test_module_holds_declarations_and_wiring_only():

@@ -184,6 +184,15 @@ rec {
     }
     // pick settingsKeys i;
 
+  # The instance with the prebuilt kernels (a store path, or null for none) in its environment as
+  # DFLASH_PREBUILT_KERNELS, which `dflashctl serve` reads; a value the instance sets itself wins.
+  withPrebuiltKernels =
+    kernels: i:
+    if kernels == null then
+      i
+    else
+      i // { environment = { DFLASH_PREBUILT_KERNELS = "${kernels}"; } // i.environment; };
+
   # { Unit, Service, Install }: directive -> value (a list is one line per element). `dflashctl`,
   # `python` and `settingsFile` are the absolute paths ExecStart runs.
   directives =

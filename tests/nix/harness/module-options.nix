@@ -52,6 +52,7 @@ let
 in
 {
   top = builtins.attrNames module.options.services.dflash;
+  kernels = declared module.options.services.dflash.kernelsPackage;
   instance = builtins.mapAttrs (
     k: decl: if k == "speculative" then { type = "submodule"; } else declared decl
   ) (removeAttrs instance [ "package" ]);

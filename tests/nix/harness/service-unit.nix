@@ -28,6 +28,7 @@ let
           directives = d;
           text = s.render d;
           settings = s.settings name i;
+          withKernels = s.settings name (s.withPrebuiltKernels "/nix/store/kernels" i);
         };
       # The module's default group for a static user: its own name.
       groupOf = i: if (i.group or null) != null then i.group else i.user;
