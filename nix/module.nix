@@ -458,7 +458,6 @@ in
     kernelsPackage = mkOption {
       type = types.nullOr types.package;
       default = null;
-      defaultText = literalExpression "null (the flake's module: packages.<system>.dflash-kernels)";
       example = literalExpression ''dflash.packages.''${system}.dflash-kernels.override { cudaArchs = [ "sm120" ]; }'';
       description = ''
         SGLang's JIT kernels built ahead without a GPU (`dflashctl kernels build`), given to every
