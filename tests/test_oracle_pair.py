@@ -156,3 +156,15 @@ def test_reference_broken_drafter_is_rejected_but_stays_lossless(tmp_path):
     assert broken.content_hash != DEFAULT_HASH
     out, steps = ref.speculative(broken.target, broken.draft, PROMPTS[0], 24)
     assert out == oracle.greedy(broken.shape, PROMPTS[0], 24) and set(steps) == {1}
+
+
+def test_rule_predictions_match_what_the_h200_counted():
+    """The acceptance band's centre: oracle.verify_steps for the recorded prompts, against the
+    verify counts SGLang 0.5.11 reported on the H200 for each request."""
+    data = Path(__file__).resolve().parent / "data" / "smoke" / "h200-oracle"
+    shape = oracle.OracleShape()
+    for run, poisoned in (("DFLASH", False), ("DFLASH-poisoned", True)):
+        for g in json.loads((data / f"{run}.json").read_text())["generate"]:
+            prompt, meta = g["request"]["input_ids"], g["final"]["meta_info"]
+            assert meta["spec_verify_ct"] == len(oracle.verify_steps(shape, prompt, 256, poisoned))
+            assert g["final"]["output_ids"] == oracle.greedy(shape, prompt, 256)
