@@ -165,3 +165,12 @@ def test_prompts_shorter_than_the_rule_are_refused_before_starting(tmp_path):
 def test_poisoned_run_needs_the_oracle_pair(tmp_path):
     p = smoke(tmp_path, "--runs", "baseline,DFLASH-poisoned")  # smoke() picks --pair random
     assert p.returncode == errors.USAGE and "needs the oracle pair" in p.stderr
+
+
+def test_the_oracle_band_follows_the_rule_at_other_lengths():
+    """At 100 new tokens the oracle can commit only 14.29 per step (7 steps): its band moves with
+    the rule, so a correct host does not fail for a shorter request."""
+    shape, prompts = oracle.OracleShape(), [list(range(10, 42))]
+    for tokens, predicted in ((256, 16.0), (100, 14.2857)):
+        band = acceptance.expectations(shape, ["DFLASH"], prompts, 0, tokens)["DFLASH"]["concurrent"]
+        assert (band["predicted"], band["min"], band["max"]) == (predicted, round(predicted - 0.5, 4), None)

@@ -2,7 +2,7 @@
 
 The oracle pair is exact (oracle.py): under greedy decoding the tokens each verify step commits
 follow from the prompts alone. The oracle drafter is always right, so every step commits a whole
-block (16: accept length 16.0); the poisoned drafter's steps are predicted by the same rule
+block (16: accept length 16.0 at the default 256 new tokens, the request's last step cut short); the poisoned drafter's steps are predicted by the same rule
 (`oracle.verify_steps`). A run below its band means drafts that should have been accepted were
 rejected: the draft path (feature capture, the drafter's KV, block positions, verify) is broken
 on this host. A poisoned run above its band accepted drafts that are wrong by construction: the
@@ -11,7 +11,7 @@ server did not load the poisoned drafter, or verify accepts what the target woul
 
 from dflashctl.smoke import oracle
 
-ORACLE_MIN = 15.5  # of 16: one verify step of 16 per request may be cut short by max_new_tokens
+ORACLE_SLACK = 0.5  # the oracle drafter's band starts this far under the rule: >= 15.5 at the default 16.0
 POISONED_TOLERANCE = 1.0  # tokens per step either side of the rule's prediction (docs/smoke.md)
 BROKEN = "drafts that should be accepted were rejected: the draft path is broken on this host"
 
@@ -32,8 +32,8 @@ def expectations(shape: oracle.OracleShape, runs: list[str], prompts: list[list[
             predicted = round(oracle.expected_accept_length(shape, ps, new_tokens, poisoned), 4)
             if poisoned:
                 band = (round(predicted - POISONED_TOLERANCE, 4), round(predicted + POISONED_TOLERANCE, 4))
-            else:
-                band = (ORACLE_MIN, None)
+            else:  # tokens / ceil((tokens - 1) / block): 16.0 at 256 tokens, 14.29 at 100, 16.06 at 257
+                band = (round(predicted - ORACLE_SLACK, 4), None)
             out[run][phase] = {"predicted": predicted, "min": band[0], "max": band[1]}
     return out
 

@@ -342,7 +342,12 @@ def write_pair(parent: Path | str, s: OracleShape = OracleShape()) -> Pair:
         (tmp / rel).write_bytes(data)
     if root.exists():  # a damaged earlier copy
         _remove(root)
-    os.rename(tmp, root)
+    try:
+        os.rename(tmp, root)
+    except OSError:  # another smoke renamed its copy into place first: the same bytes
+        _remove(tmp)
+        if hash_of_dir(root) != digest:
+            raise
     return Pair(root, digest, False, s)
 
 
