@@ -41,19 +41,26 @@ def recordings(tmp_path, edit=None) -> Path:
     return out
 
 
+IDLE_H200 = Path(__file__).resolve().parent / "data" / "gpus" / "h200-idle.json"
+
+
 def env_for(recs: Path, fake: Path = FAKE, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "DFLASH_PREBUILT_KERNELS"}  # the dev shell sets it
     env["PYTHONPATH"] = os.pathsep.join([str(PYTHON_DIR), str(fake)])
     env["FAKE_SGLANG_RECORDINGS"] = str(recs)
+    env["DFLASHCTL_NVML_REPLAY"] = str(IDLE_H200)  # the launch plan reads the GPU's free memory
     env.update(extra)
     return env
 
 
 def smoke(tmp_path, *args, recs=None, fake=FAKE, timeout=60, **extra):
+    """The real command against the stand-in; the random pair unless `args` name a --pair (these
+    recordings are the random pair's; test_smoke_oracle.py replays the oracle pair's)."""
     recs = recs or recordings(tmp_path)
     extra.setdefault("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm-ffi"))  # the stand-in's JIT "compiles" there
+    pair = [] if "--pair" in args or "--model" in args or "--url" in args else ["--pair", "random"]
     cmd = [sys.executable, "-m", "dflashctl", "smoke", *LOAD_ARGS, "--triton-cache", str(tmp_path / "triton"),
-           *args]
+           *pair, *args]
     return subprocess.run(cmd, env=env_for(recs, fake, **extra), capture_output=True, text=True,
                           timeout=timeout, cwd=tmp_path)
 
@@ -418,7 +425,7 @@ def test_bad_arguments_are_usage_errors(tmp_path, args, message):
 
 def test_sigterm_while_servers_start_stops_them(tmp_path):
     """`timeout` or systemd ending smoke must not leave SGLang servers holding the GPU."""
-    cmd = [sys.executable, "-m", "dflashctl", "smoke", *LOAD_ARGS, "--triton-cache", "none"]
+    cmd = [sys.executable, "-m", "dflashctl", "smoke", *LOAD_ARGS, "--triton-cache", "none", "--pair", "random"]
     proc = subprocess.Popen(cmd, env=env_for(recordings(tmp_path), FAKE_SGLANG_READY_AFTER="600"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     pids = []

@@ -5,7 +5,8 @@
 # PYTHONPATH), e.g. through the device tool with carry [".gpu"]:
 #     source .gpu/setup.sh && bash benchmarks/gpu/smoke.sh
 #
-# A: the default smoke (baseline + DFLASH [+ DDTREE], started together), fresh Triton cache.
+# A: the default smoke (oracle pair: baseline, DFLASH, DFLASH-poisoned [+ DDTREE], the grammar server;
+#    pass --pair random for the random-weight pair these results were first taken with), fresh Triton cache.
 # B: only if enough time is left: $SMOKE_B_ARGS (default `--launch sequential`) with its own fresh
 #    Triton cache, to compare with A (Python imports are warm for B: its start is slightly flattered).
 # Extra arguments go to both runs, e.g. `bash benchmarks/gpu/smoke.sh --cuda-graph-bs 1,8`.

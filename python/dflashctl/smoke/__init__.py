@@ -1,7 +1,9 @@
 """Proof that a host decodes with DFlash: `dflashctl smoke` (Entry point: `smoke.py`).
 
-`synthetic.py` writes a random-weight target and drafter, `servers.py` starts them through the
-service's own path, `loadgen.py` streams requests and watches the servers, `report.py` renders
-the table and JSON and decides the exit code. `grammar.py` checks constrained decoding
-(`tokenizer.py` gives the synthetic target a tokenizer, `schema.py` validates JSON).
+`oracle.py` writes the default pair, whose weights are set by hand so that the drafter is right
+(`acceptance.py` holds each run to what that pair must accept); `synthetic.py` writes the
+random-weight pair (`--pair random`, and the grammar server's target); `servers.py` starts the
+servers through the service's own path, `loadgen.py` streams requests and watches the servers,
+`report.py` renders the table and JSON and decides the exit code. `grammar.py` checks constrained
+decoding (`tokenizer.py` gives the synthetic target a tokenizer, `schema.py` validates JSON).
 """

@@ -420,7 +420,8 @@ def table(block: dict) -> str:
                 result = f"{r['status'].upper() if r['status'] == 'error' else r['status']}  {r['problem']}"
             rows.append((s["run"], r["kind"], r["api"], result))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["grammar phase: constrained decoding, each output checked against its grammar"]
+    lines = ["grammar phase: constrained decoding, each output checked against its grammar"
+             + (f"; target: {block['target']}" if block.get("target") else "")]
     lines += ["  ".join([*(c.ljust(w) for c, w in zip(r[:3], widths)), r[3]]).rstrip() for r in rows]
     lines.insert(2, "  ".join("-" * w for w in widths) + "  ------")
     lines.append("")

@@ -103,6 +103,7 @@ class RequestResult:
     chunks: int = 0
     error: str | None = None
     output_ids: list[int] | None = None  # the generated token ids (lossless check); not in the JSON
+    commits: list[int] | None = None  # tokens each streamed chunk added (acceptance.py); not in the JSON
 
 
 @dataclass
@@ -129,6 +130,7 @@ def generate(ep: Endpoint, index: int, body: dict, timeout: float,
     t0 = time.perf_counter()
     last: dict | None = None
     seen = 0
+    counts: list[int] = []  # completion_tokens after each chunk
     deltas: list[int] | None = []  # ids of an incremental stream; None once it proves cumulative
     try:
         conn.request("POST", prefix + "/generate", body=json.dumps(body), headers=headers)
@@ -159,6 +161,7 @@ def generate(ep: Endpoint, index: int, body: dict, timeout: float,
             if on_tokens is not None and n > seen:
                 on_tokens(n - seen)
             seen = max(seen, n)
+            counts.append(n)
             if recording is not None:
                 recording.chunk_tokens.append(n)
         r.e2e_s = time.perf_counter() - t0
@@ -176,6 +179,7 @@ def generate(ep: Endpoint, index: int, body: dict, timeout: float,
     meta = last.get("meta_info") or {}
     r.output_tokens = _tokens_in(last)
     r.output_ids = _output_ids(last, deltas, r.output_tokens)
+    r.commits = [b - a for a, b in zip([0] + counts, counts) if b > a]
     r.server_e2e_s = meta.get("e2e_latency")
     r.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
     r.spec_accept_length = meta.get("spec_accept_length")
@@ -212,7 +216,8 @@ class PhaseResult:
 
     def to_json(self) -> dict:
         return {"name": self.name, "concurrency": self.concurrency, "wall_s": round(self.wall_s, 4),
-                "requests": [{k: v for k, v in asdict(r).items() if k != "output_ids"} for r in self.requests]}
+                "requests": [{k: v for k, v in asdict(r).items() if k not in ("output_ids", "commits")}
+                             for r in self.requests]}
 
 
 class Progress:

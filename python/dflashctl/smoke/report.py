@@ -6,9 +6,14 @@ Pure data in, data out: tests feed it what the real client measured against reco
 import statistics
 from dataclasses import dataclass, field
 
-from dflashctl.smoke import identity, lossless, startup
+from dflashctl.smoke import acceptance, identity, lossless, startup
 from dflashctl.smoke.loadgen import PhaseResult
 
+ORACLE_NOTE = ("The oracle pair's weights are set by hand (docs/smoke.md): its drafter is always right, so "
+               "DFLASH's accept length is the block size and its speed-up is this host's ceiling for DFLASH "
+               "at this block size (a trained drafter lands below it); the poisoned drafter is wrong after "
+               "one id in 13, so verify accepts part of each block. Outputs must equal the baseline's, "
+               "which must follow the rule x[n] = succ(x[n-15]).")
 RANDOM_WEIGHTS_NOTE = ("The synthetic models have random weights: the drafter guesses at random, so "
                        "acceptance length near 1 and a slowdown are expected. These figures prove that "
                        "the stack serves speculative decoding; they are not a quality or speed-up figure. "
@@ -69,20 +74,48 @@ def failures(run: RunResult) -> list[str]:
     return out
 
 
+def rule_failures(run: RunResult, rule: dict[int, list[int]]) -> list[str]:
+    """The baseline against the oracle's rule (`rule`: prompt index -> the ids the rule gives)."""
+    out = []
+    for p in run.phases:
+        for r in p.requests:
+            want = rule.get(r.index)
+            if r.output_ids is None or want is None or r.output_ids == want:
+                continue
+            at = next((i for i, (x, y) in enumerate(zip(r.output_ids, want)) if x != y),
+                      min(len(r.output_ids), len(want)))
+            got = r.output_ids[at] if at < len(r.output_ids) else None
+            out.append(f"{run.name} {p.name} request {r.index} leaves the oracle's rule at token {at} "
+                       f"(rule {want[at] if at < len(want) else None}, got {got}): the target served is not "
+                       "the oracle pair as written, or this host computes it wrongly")
+            break
+    return out
+
+
 def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: bool,
-              require_lossless: bool = False) -> dict:
+              require_lossless: bool = False, expectations: dict | None = None,
+              rule: dict[int, list[int]] | None = None) -> dict:
     """The full JSON result; `ok` is False when any run failed a rule in `failures`. A greedy
     output that differs from the baseline's is one of them for the synthetic pair or with
     `require_lossless` (also listed in `lossless_failures`), else a line in `warnings`."""
     base = next((r for r in runs if r.algorithm is None), None)
     base_stats = {p.name: _phase_stats(p) for p in base.phases} if base else {}
-    out_runs, problems, not_lossless, warnings = [], [], [], []
+    out_runs, problems, not_lossless, warnings, rejected = [], [], [], [], []
     for run in runs:
         stats = {p.name: _phase_stats(p) for p in run.phases}
-        for name, s in stats.items():
-            b = base_stats.get(name, {}).get("output_tok_s")
+        for p in run.phases:
+            s = stats[p.name]
+            b = base_stats.get(p.name, {}).get("output_tok_s")
             s["speedup"] = round(s["output_tok_s"] / b, 3) if b and s["output_tok_s"] and run is not base else None
+            if run.algorithm is not None:
+                s["acceptance_histogram"] = acceptance.histogram(p.requests)
         fails = failures(run)
+        if run is base and rule:
+            fails += rule_failures(run, rule)
+        accept, low = acceptance.judge(run.name, stats, (expectations or {}).get(run.name))
+        if low and not failures(run):
+            fails.append(low)
+            rejected.append(low)
         same, fatal, warning = lossless.judge(base, run, synthetic, require_lossless)
         fails += [fatal] if fatal else []
         not_lossless += [fatal] if fatal else []
@@ -99,6 +132,7 @@ def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: 
             "log": run.log,
             "measured_while_starting": run.measured_while_starting,
             "lossless": same,
+            "acceptance": accept,
             "startup": run.startup,
             "ok": not fails,
         })
@@ -106,9 +140,10 @@ def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: 
         "ok": not problems,
         "failures": problems,
         "lossless_failures": not_lossless,
+        "acceptance_failures": rejected,
         "warnings": warnings,
         "synthetic": synthetic,
-        "note": RANDOM_WEIGHTS_NOTE if synthetic else None,
+        "note": (RANDOM_WEIGHTS_NOTE if settings.get("pair") == "random" else ORACLE_NOTE) if synthetic else None,
         "settings": settings,
         "phases_s": {k: round(v, 2) for k, v in phases_s.items()},
         "runs": out_runs,
@@ -162,6 +197,7 @@ def table(result: dict) -> str:
             lines.append(f"{run['name']} was measured while {', '.join(run['measured_while_starting'])} "
                          "still started on the same GPU (--wait-all measures on a quiet GPU).")
     lines += ["lossless: " + lossless.describe(run["name"], run["lossless"]) for run in result["runs"] if run.get("lossless")]
+    lines += acceptance_lines(result)
     lines += startup.lines(result)
     if result.get("note"):
         lines.append(result["note"])
@@ -171,3 +207,22 @@ def table(result: dict) -> str:
     for f in result["failures"]:
         lines.append(f"FAILED: {f}")
     return "\n".join(lines)
+
+
+def acceptance_lines(result: dict) -> list[str]:
+    """Per speculative run of the oracle pair: accept length against its band, and the histogram."""
+    out = []
+    for run in result["runs"]:
+        acc = run.get("acceptance")
+        if not acc:
+            continue
+        parts = []
+        for phase, f in acc["phases"].items():
+            band = f">= {f['min']:g}" if f["max"] is None else f"{f['min']:g}-{f['max']:g}"
+            got = "none" if f["accept_length"] is None else f"{f['accept_length']:g}"
+            parts.append(f"{phase} {got} (rule {f['predicted']:g}, band {band}{'' if f['ok'] else ', OUT'})")
+        hist = (run["phases"].get("concurrent") or {}).get("acceptance_histogram") or {}
+        steps = " ".join(f"{k}:{v}" for k, v in hist.get("tokens_per_step", {}).items())
+        out.append(f"acceptance: {run['name']} {'; '.join(parts)}; tokens per verify step (concurrent"
+                   f"{'' if hist.get('exact') else ', approximate'}) {steps or '-'}")
+    return out

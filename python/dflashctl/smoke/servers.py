@@ -7,6 +7,8 @@ watching cover all of them: the first that dies ends everything within a second.
 """
 
 import datetime
+import json
+import math
 import os
 import random
 import socket
@@ -17,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl.errors import SERVER_DIED_AFTER_READY, DflashError
-from dflashctl.host import cuda_home, driver, jit_caches, kernels
+from dflashctl.host import cuda_home, driver, gpus, jit_caches, kernels
 from dflashctl.service import config, sglang_args
 from dflashctl.service.config import MAX_PORT
 from dflashctl.service.server import Server
 from dflashctl.smoke import synthetic
 
 SPECULATIVE = ("DFLASH", "DDTREE")
-DEFAULT_SYNTHETIC_KV_TOKENS = 65536  # 1 GiB for the synthetic target; smoke needs ~2.5k tokens
+DEFAULT_SYNTHETIC_KV_TOKENS = 65536  # 1 GiB for the random target; smoke needs ~2.5k tokens
 
 
 def say(msg: str) -> None:
@@ -84,12 +86,27 @@ def _triton_cache(a) -> str | None:
     return os.path.join(base, "dflashctl", "triton")
 
 
-def instance_settings(a, run: str, target: str, draft: str | None, synthetic_pair: bool, port: int,
-                      launch: str) -> dict:
-    """The instance JSON for one run, as `dflashctl serve --config` would read it."""
-    d: dict = {"name": f"smoke-{run.lower()}", "model": target, "host": "127.0.0.1", "port": port,
+@dataclass(frozen=True)
+class RunSpec:
+    """One server smoke starts: which run, which weights, how they load."""
+    run: str  # "baseline", "DFLASH", "DFLASH-poisoned", "DDTREE", "grammar"
+    algorithm: str | None  # --speculative-algorithm, None for plain decoding
+    target: str
+    draft: str | None = None
+    dummy: bool = False  # SGLang gives random weights from config.json (--load-format dummy)
+    tokenizer: bool = True  # False: --skip-tokenizer-init, token ids in and out, no grammar backend
+    synthetic: bool = True  # a pair written here (smoke's defaults apply) or --model's
+    kv_tokens: int | None = None  # --max-total-tokens for this server (None: the smoke-wide choice)
+    cuda_graphs: bool = True  # False for a server that is not timed (the grammar server): ready sooner
+
+
+def instance_settings(a, spec: RunSpec, port: int, launch: str, fraction: float | None = None) -> dict:
+    """The instance JSON for one run, as `dflashctl serve --config` would read it; `fraction`:
+    the memory fraction the launch plan chose (memory_plan), else the flag's or the default."""
+    synthetic_pair = spec.synthetic
+    d: dict = {"name": f"smoke-{spec.run.lower()}", "model": spec.target, "host": "127.0.0.1", "port": port,
                "allowSharedGpus": True, "startTimeoutSec": int(a.start_timeout)}
-    mem = a.mem_fraction_static
+    mem = a.mem_fraction_static if a.mem_fraction_static is not None else fraction
     if mem is None and synthetic_pair:
         mem = 0.25 if launch == "together" else 0.5
     if mem is not None:
@@ -100,17 +117,14 @@ def instance_settings(a, run: str, target: str, draft: str | None, synthetic_pai
     max_bs = a.cuda_graph_max_bs or (8 if synthetic_pair and not a.cuda_graph_bs else None)
     if max_bs:
         d["cudaGraphMaxBs"] = max_bs
-    if a.no_cuda_graph:
+    if a.no_cuda_graph or not spec.cuda_graphs:
         d["disableCudaGraph"] = True
     extra = []
     if a.cuda_graph_bs:
         extra += ["--cuda-graph-bs", *[b.strip() for b in a.cuda_graph_bs.split(",") if b.strip()]]
     if synthetic_pair and not a.piecewise_cuda_graph:
         extra.append("--disable-piecewise-cuda-graph")
-    # SGLang sizes the KV cache as free-after-load minus (1 - fraction) x free-before-load: if a
-    # neighbour allocates in between, that goes negative ("Not enough memory"). A cap keeps every
-    # server's allocation small, so side-by-side starts cannot race.
-    tokens = DEFAULT_SYNTHETIC_KV_TOKENS if a.max_total_tokens is None and synthetic_pair else a.max_total_tokens
+    tokens = kv_tokens(a, spec)
     if tokens:
         extra += ["--max-total-tokens", str(tokens)]
     if extra:
@@ -118,35 +132,136 @@ def instance_settings(a, run: str, target: str, draft: str | None, synthetic_pai
     if a.gpu is not None:
         d["gpus"] = [a.gpu]
     # Milliseconds in SGLang's log stamps: the start-up phases (startup.py) are read from them.
-    d["environment"] = {"SGLANG_LOG_MS": "1"}
+    # DFLASHCTL_SMOKE_RUN names the run in the server's environment (two runs may share an algorithm).
+    d["environment"] = {"SGLANG_LOG_MS": "1", "DFLASHCTL_SMOKE_RUN": spec.run}
     cache = _triton_cache(a)
     if cache:
         d["environment"]["TRITON_CACHE_DIR"] = cache
-    grammar_phase = not getattr(a, "no_grammar", False)
     if synthetic_pair:
-        d.update({"loadFormat": "dummy", "samplingBackend": "pytorch"})
-        if not grammar_phase:  # no tokenizer was written: token ids in and out, no grammar backend
+        d["samplingBackend"] = "pytorch"
+        if spec.dummy:
+            d["loadFormat"] = "dummy"
+        if not spec.tokenizer:  # token ids in and out, no grammar backend
             d.update({"skipTokenizerInit": True, "grammarBackend": "none"})
-    if grammar_phase:  # a random model pads JSON with whitespace until max_new_tokens without it
-        d["constrainedJsonDisableAnyWhitespace"] = True
+    if spec.tokenizer and not getattr(a, "no_grammar", False):
+        d["constrainedJsonDisableAnyWhitespace"] = True  # a random model pads JSON with whitespace without it
     if not synthetic_pair and getattr(a, "model_revision", None):
         d["modelRevision"] = a.model_revision
-    if run in SPECULATIVE:
-        d["draftModel"] = draft
+    if spec.algorithm:
+        d["draftModel"] = spec.draft
         if not synthetic_pair and getattr(a, "draft_model_revision", None):
             d["draftModelRevision"] = a.draft_model_revision
-        s: dict = {"algorithm": run}
+        s: dict = {"algorithm": spec.algorithm}
         n = a.num_draft_tokens or (synthetic.PairShape().block_size if synthetic_pair else None)
         if n:
             s["numDraftTokens"] = n
-        if run == "DDTREE" and a.ddtree_budget:
+        if spec.algorithm == "DDTREE" and a.ddtree_budget:
             s["ddtreeBudget"] = a.ddtree_budget
         if attention:
             s["draftAttentionBackend"] = attention
         d["speculative"] = s
-        if synthetic_pair:
+        if synthetic_pair and spec.dummy:
             d["draftLoadFormat"] = "dummy"
     return d
+
+
+def kv_tokens(a, spec: RunSpec) -> int | None:
+    """KV-cache tokens of one server: --max-total-tokens, else the synthetic cap (0: SGLang's)."""
+    if a.max_total_tokens is not None:
+        return a.max_total_tokens or None
+    if not spec.synthetic:
+        return None
+    return spec.kv_tokens or DEFAULT_SYNTHETIC_KV_TOKENS
+
+
+# --- memory: servers sharing a GPU ------------------------------------------------------------------
+#
+# SGLang 0.5.11 sizes a server's KV pool as
+#     rest = free memory after its weights loaded - (1 - memFractionStatic) x free memory at its init
+# and stops with "Not enough memory" when rest <= 0. Servers started side by side each take their
+# init snapshot at a moment smoke does not control. The worst case for server i is that its
+# snapshot still sees everything free (F) and every other server has allocated all it will ever
+# hold (U_j) before i measures again: rest_i = f x F - sum_j U_j - W_i - C. (A snapshot taken after
+# some neighbour allocated loses only f x U_j of the budget instead of U_j: never worse.)
+# So a start together is race-free when, for every i, f x F >= KV_i + W_i + C + sum_{j != i} U_j,
+# and sum_i U_i <= F. With --max-total-tokens capping every pool, U_j is small and known.
+
+SERVER_OVERHEAD_MIB = 4096  # CUDA context, graphs, activations; H200 logs: 2.3-3.2 GiB besides weights and KV
+
+
+def kv_bytes_per_token(cfg: dict) -> int:
+    """K and V of every layer in bf16: SGLang's cell size for an MHA model."""
+    return cfg["num_key_value_heads"] * cfg["head_dim"] * cfg["num_hidden_layers"] * 2 * 2
+
+
+def server_demand_mib(spec: RunSpec, tokens: int) -> dict:
+    """What one synthetic server holds at most: weights (file sizes; a dummy load: the target's
+    parameter count), KV pool(s) at `tokens`, and the fixed overhead."""
+    mib = 1 << 20
+    weights = kv = 0
+    for path in (spec.target, spec.draft if spec.algorithm else None):
+        if path is None:
+            continue
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        st = Path(path) / "model.safetensors"
+        if st.exists():
+            weights += st.stat().st_size
+        else:  # dummy weights: embeddings, lm_head and the layers' projections, bf16
+            d, layers, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+            kvd = cfg["num_key_value_heads"] * cfg["head_dim"]
+            per_layer = d * (cfg["num_attention_heads"] * cfg["head_dim"]) * 2 + d * kvd * 2 + \
+                3 * d * cfg["intermediate_size"]
+            weights += 2 * (2 * v * d + layers * per_layer)
+        kv += kv_bytes_per_token(cfg) * tokens
+    static = (weights + kv) // mib + 1
+    return {"run": spec.run, "weights_mib": weights // mib + 1, "kv_mib": kv // mib + 1, "static_mib": static,
+            "total_mib": static + SERVER_OVERHEAD_MIB}
+
+
+def memory_plan(free_mib: int | None, demands: list[dict], fraction: float) -> dict:
+    """Whether servers with these demands may start side by side at memFractionStatic `fraction`
+    without depending on the order in which they measure the GPU (the rule above). Returns the
+    plan: `together` True with the fraction to use (the given one, or the least that fits), or
+    False with the reason (then smoke starts them one at a time)."""
+    plan = {"rule": "f x free >= static_i + overhead_i + sum of the others' totals, for every server",
+            "free_mib": free_mib, "demands": demands, "fraction": fraction}
+    if free_mib is None:
+        return {**plan, "together": False, "reason": "the GPU's free memory could not be read (NVML)"}
+    if len(demands) <= 1:
+        return {**plan, "together": True, "needed_fraction": None}
+    total = sum(d["total_mib"] for d in demands)
+    needed = max((d["static_mib"] + SERVER_OVERHEAD_MIB + total - d["total_mib"]) / free_mib for d in demands)
+    plan["needed_fraction"] = round(needed, 4)
+    if total > free_mib:
+        return {**plan, "together": False,
+                "reason": f"the servers hold up to {total} MiB together, {free_mib} MiB are free"}
+    if needed <= fraction:
+        return {**plan, "together": True}
+    chosen = math.ceil(needed * 100) / 100
+    if chosen > 0.85:
+        return {**plan, "together": False,
+                "reason": f"side by side each would need memFractionStatic {needed:.2f} of {free_mib} MiB free"}
+    return {**plan, "together": True, "fraction": chosen}
+
+
+def free_gpu_mib(a, env=os.environ) -> int | None:
+    """Free memory of the GPU the servers will use, from NVML (a replayed recording in tests)."""
+    try:
+        result = gpus.read(a.python, env=driver.provide(dict(env))[0])
+    except DflashError:
+        return None
+    facts = result.get("facts") or {}
+    listed = facts.get("gpus") or []
+    if not result.get("ok") or not listed:
+        return None
+    index = a.gpu
+    if index is None:
+        visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        index = int(visible) if visible.isdigit() else listed[0].get("index", 0)
+    for g in listed:
+        if g.get("index") == index:
+            return (g.get("memory_mib") or {}).get("free")
+    return None
 
 
 @dataclass
@@ -158,12 +273,13 @@ class Started:
     launched: datetime.datetime | None = None  # local time, as SGLang stamps its log
 
 
-def start_server(a, run: str, target: str, draft: str | None, synthetic_pair: bool, launch: str,
-                 work: Path, started: list[Started]) -> Started:
+def start_server(a, spec: RunSpec, launch: str, work: Path, started: list[Started],
+                 fraction: float | None = None) -> Started:
     """Start one run's server (not waiting for it); `a` holds smoke's command-line options.
 
     It joins `started` before its process exists, so a SIGTERM at any moment still stops it."""
-    d = instance_settings(a, run, target, draft, synthetic_pair, _free_port(), launch)
+    run = spec.run
+    d = instance_settings(a, spec, _free_port(), launch, fraction)
     cfg = config.from_dict(d, d["name"], origin="smoke settings")
     env, _ = driver.provide(kernels.provide(cuda_home.provide(sglang_args.build_env(cfg), a.python)))
     srv = Server(sglang_args.build_argv(cfg, python=a.python), env,

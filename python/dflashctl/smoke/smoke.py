@@ -1,9 +1,12 @@
 """`dflashctl smoke`: prove that this host serves DFlash (and DDTree where SGLang has it), and how fast.
 
-With no arguments: writes a tiny synthetic model pair (random weights, no tokenizer, nothing
-downloaded), starts SGLang for plain decoding, DFLASH and, where the installed SGLang accepts it,
-DDTREE -- through the same settings -> argv -> child-process path as `dflashctl serve` -- and
-measures each with the same prompts. `--model/--draft-model` does the same for a real pair;
+With no arguments: writes the oracle pair (oracle.py: weights set by hand, so greedy decoding is
+known and the drafter is right, or poisoned, right in part; nothing downloaded), starts SGLang
+for plain decoding, DFLASH with each drafter and, where the installed SGLang accepts it, DDTREE
+-- through the same settings -> argv -> child-process path as `dflashctl serve` -- measures each
+with the same prompts and holds acceptance to what the pair must give (acceptance.py); the
+grammar phase gets a server of its own. `--pair random` is the random-weight pair of before.
+`--model/--draft-model` does the same for a real pair;
 `--url` measures a service that already runs. docs/smoke.md explains the choices.
 """
 
@@ -18,13 +21,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dflashctl import __version__
-from dflashctl.errors import FAILED, GRAMMAR_VIOLATION, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE, DflashError
+from dflashctl.errors import (DRAFTS_REJECTED, FAILED, GRAMMAR_VIOLATION, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE,
+                              DflashError)
 from dflashctl.host import hub_cache
 from dflashctl.service import sglang_features
-from dflashctl.smoke import grammar, identity, jit_prewarm, loadgen, startup, synthetic, tokenizer
+from dflashctl.smoke import acceptance, grammar, identity, jit_prewarm, loadgen, oracle, startup, synthetic, tokenizer
 from dflashctl.smoke.report import RunResult, summarise, table
-from dflashctl.smoke.servers import (SPECULATIVE, Fleet, driver_note, first_start_note, say, start_server,
-                                     stop_all)
+from dflashctl.smoke.servers import (SPECULATIVE, Fleet, RunSpec, driver_note, first_start_note, free_gpu_mib,
+                                     kv_tokens, memory_plan, say, server_demand_mib, start_server, stop_all)
 # /server_info fields kept in the result (the whole answer holds every server argument).
 SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculative_draft_model_path",
                     "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",
@@ -46,9 +50,17 @@ def register(subparsers) -> None:
     what.add_argument("--url", help="measure the service already running at URL instead of starting one")
     what.add_argument("--baseline-url", help="with --url: a plain-decoding service to compare against")
     what.add_argument("--api-key-file", help="with --url: file holding the service's API key")
+    what.add_argument("--pair", choices=("oracle", "random", "broken"), default="oracle",
+                      help="synthetic pair (no --model): oracle (default) = weights set by hand so that the "
+                           "drafter is right (and a poisoned drafter partly right): acceptance, lossless "
+                           "decoding with accepted drafts and a speed-up are measured; random = random "
+                           "weights (--load-format dummy), the quick path check that accepts nothing; "
+                           "broken = the oracle target with a drafter one position off: smoke must fail "
+                           "with exit 6 (a check of the check)")
     what.add_argument("--runs", default="auto",
-                      help="comma list of baseline, DFLASH, DDTREE (default auto: baseline and DFLASH, "
-                           "plus DDTREE when the installed SGLang accepts it)")
+                      help="comma list of baseline, DFLASH, DFLASH-poisoned (oracle pair only), DDTREE "
+                           "(default auto: baseline, DFLASH, DFLASH-poisoned with the oracle pair, plus "
+                           "DDTREE when the installed SGLang accepts it)")
     what.add_argument("--no-grammar", action="store_true",
                       help="skip the grammar phase (constrained requests checked against their grammars; "
                            "for the synthetic pair it builds a small tokenizer, docs/smoke.md)")
@@ -73,16 +85,19 @@ def register(subparsers) -> None:
     start = p.add_argument_group("server start (start-up time; docs/smoke.md)")
     start.add_argument("--launch", choices=("together", "sequential"),
                        help="together: start every server at once on the GPU and measure them in turn "
-                            "(default for the synthetic pair); sequential: one server at a time "
+                            "(default for the synthetic pairs, where SGLang's memory rule allows it in every "
+                            "start order; else one at a time); sequential: one server at a time "
                             "(default for --model)")
     start.add_argument("--wait-all", action="store_true",
                        help="with --launch together: measure only once every server is ready (quieter GPU, "
                             "slower; default: measure each server as soon as it is ready)")
     start.add_argument("--max-total-tokens", type=int,
-                       help="KV-cache tokens per server (default 65536 for the synthetic pair: servers "
-                            "starting side by side cannot starve each other's memory profiling; 0: SGLang's)")
+                       help="KV-cache tokens per server (default 32768 oracle pair, 65536 random pair: a "
+                            "capped pool makes each server's memory known, so side-by-side starts can be "
+                            "planned; 0: SGLang's, and one server at a time)")
     start.add_argument("--mem-fraction-static", type=float,
-                       help="per server (default 0.25 together, 0.5 sequential for the synthetic pair)")
+                       help="per server (default for the synthetic pairs: 0.25 together, or the least "
+                            "fraction SGLang's memory rule needs; 0.5 one at a time)")
     start.add_argument("--cuda-graph-max-bs", type=int,
                        help="largest CUDA-graph batch (default 8 for the synthetic pair = --requests)")
     start.add_argument("--cuda-graph-bs", help="explicit CUDA-graph batch sizes, e.g. 1,8 (SGLang's --cuda-graph-bs)")
@@ -130,6 +145,10 @@ class Plan:
     grammar_servers: list = field(default_factory=list)  # grammar.ServerGrammar per measured server
     tokenizer: dict | None = None  # what tokenizer.write built for the synthetic target
     models: list = field(default_factory=list)  # the weights loaded (models_loaded)
+    pair: str | None = None  # "oracle", "random" or "broken" for a synthetic pair, None for --model/--url
+    oracle: "oracle.Pair | None" = None  # the oracle pair written (or reused) for this run
+    expectations: dict = field(default_factory=dict)  # run -> phase -> acceptance band (acceptance.py)
+    launch_plan: dict | None = None  # servers.memory_plan's answer
 
 
 def _usage(what: str, fix: str) -> DflashError:
@@ -161,15 +180,27 @@ def _check_args(a) -> None:
             raise _usage(f"--{name.replace('_', '-')} {getattr(a, name)} is too small", "use a positive number")
 
 
-def _select_runs(wanted: str, accepted: set[str]) -> list[str]:
+POISONED = "DFLASH-poisoned"  # DFLASH with the oracle pair's poisoned drafter
+GRAMMAR_RUN = "grammar"  # the oracle pair has no tokenizer: the grammar phase gets a server of its own
+
+
+def algorithm_of(run: str) -> str | None:
+    return "DFLASH" if run == POISONED else run if run in SPECULATIVE else None
+
+
+def _select_runs(wanted: str, accepted: set[str], pair: str | None = None) -> list[str]:
     if wanted == "auto":
-        runs = ["baseline", "DFLASH"] + (["DDTREE"] if "DDTREE" in accepted else [])
+        runs = ["baseline", "DFLASH"] + ([POISONED] if pair == "oracle" else []) + \
+            (["DDTREE"] if "DDTREE" in accepted else [])
     else:
         runs = []
         for w in (x.strip() for x in wanted.split(",") if x.strip()):
-            name = "baseline" if w.lower() == "baseline" else w.upper()
-            if name not in ("baseline", *SPECULATIVE):
-                raise _usage(f"--runs: unknown run {w!r}", "use baseline, DFLASH and/or DDTREE")
+            name = {"baseline": "baseline", POISONED.lower(): POISONED}.get(w.lower(), w.upper())
+            if name not in ("baseline", POISONED, *SPECULATIVE):
+                raise _usage(f"--runs: unknown run {w!r}", f"use baseline, DFLASH, {POISONED} and/or DDTREE")
+            if name == POISONED and pair not in ("oracle", "broken"):
+                raise _usage(f"--runs {POISONED} needs the oracle pair",
+                             "drop --pair random and --model, or drop it from --runs")
             runs.append(name)
     missing = [r for r in runs if r in SPECULATIVE and r not in accepted]
     if missing:
@@ -182,35 +213,60 @@ def _select_runs(wanted: str, accepted: set[str]) -> list[str]:
 # --- measuring --------------------------------------------------------------------------------------
 
 def measure(run: str, algorithm: str | None, ep: loadgen.Endpoint, plan: Plan, a, watch,
-            startup_s: float | None = None, log: str | None = None) -> RunResult:
+            startup_s: float | None = None, log: str | None = None, throughput: bool = True) -> RunResult:
+    """Warm-up, then the sequential and concurrent phases (unless not `throughput`: the grammar
+    server), then the grammar phase where the plan has one."""
     result = RunResult(run, algorithm, ep.base_url, startup_s=startup_s, log=log)
     recordings: list | None = [] if a.record else None
     bodies = [loadgen.payload(p, a.max_new_tokens) for p in plan.prompts]
-    say(f"{run}: warm-up request")
-    warm = loadgen.run_phase(ep, f"{run} warm-up", [loadgen.payload(plan.prompts[0], 8)], 1,
-                             a.request_timeout, watch, say)
-    if warm.requests[0].error:
-        say(f"{run}: warm-up failed: {warm.requests[0].error}")
-    if a.sequential_requests:
+    if throughput:
+        _warm_up(run, ep, plan, a, watch)
+    if throughput and a.sequential_requests:
         seq = loadgen.run_phase(ep, f"{run} sequential", bodies[:a.sequential_requests], 1,
                                 a.request_timeout, watch, say, recordings)
         seq.name = "sequential"
         result.phases.append(seq)
-    conc = loadgen.run_phase(ep, f"{run} concurrent", bodies, len(bodies), a.request_timeout, watch, say,
-                             recordings)
-    conc.name = "concurrent"
-    result.phases.append(conc)
+    if throughput:
+        conc = loadgen.run_phase(ep, f"{run} concurrent", bodies, len(bodies), a.request_timeout, watch, say,
+                                 recordings)
+        conc.name = "concurrent"
+        result.phases.append(conc)
     info = loadgen.get_json(ep, "/server_info")
     result.server_info = {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
     states = info.get("internal_states") or [{}]
     result.server_info["avg_spec_accept_length"] = (states[0] or {}).get("avg_spec_accept_length")
     grammar_recordings: list | None = [] if a.record else None
-    if plan.grammar:
+    if plan.grammar and (run == GRAMMAR_RUN or plan.pair == "random" or not plan.synthetic):
         plan.grammar_servers.append(grammar.check_server(run, algorithm, ep, info, a.request_timeout, watch,
                                                          say, grammar_recordings))
     if a.record:
         _record(Path(a.record) / f"{run}.json", plan, info, recordings, grammar_recordings)
     return result
+
+
+def _grammar_target(plan: Plan) -> str:
+    """Which model the grammar phase ran on (it needs a tokenizer; the oracle pair has none)."""
+    if plan.pair in ("oracle", "broken"):
+        return ("its own server: the random-weight synthetic target with the 3000-token tokenizer "
+                "(the oracle pair has no tokenizer), plain decoding")
+    if plan.pair == "random":
+        return "every server: the random-weight synthetic pair with the 3000-token tokenizer"
+    return "every server: the model's own tokenizer"
+
+
+def _warm_up(run: str, ep: loadgen.Endpoint, plan: Plan, a, watch) -> None:
+    """Each phase once, short (32 new tokens), before it is measured: first-use kernel compiles
+    and the first replays of every batch size the phases use land here, not in the figures. The
+    same prompts as measured (their 32-token prefill may then come from SGLang's prefix cache:
+    decoding, not prefill, is what the figures time)."""
+    bodies = [loadgen.payload(p, min(a.max_new_tokens, 32)) for p in plan.prompts]
+    say(f"{run}: warm-up ({'1 request, then ' if a.sequential_requests else ''}{len(bodies)} at once)")
+    phases = ([(bodies[:1], 1)] if a.sequential_requests else []) + [(bodies, len(bodies))]
+    for batch, conc in phases:
+        warm = loadgen.run_phase(ep, f"{run} warm-up", batch, conc, a.request_timeout, watch, say)
+        failed = [r.error for r in warm.requests if r.error]
+        if failed:
+            say(f"{run}: warm-up failed: {failed[0]}")
 
 
 def _record(path: Path, plan: Plan, server_info: dict, recordings: list, grammar_recordings: list) -> None:
@@ -249,7 +305,14 @@ def run(a) -> int:
             results, plan = _run_local(a, phases, t0, work)
             ident = probe.identity()
         phases["total"] = time.monotonic() - t0
-        result = summarise(results, plan.settings, phases, plan.synthetic, a.require_lossless)
+        rule = ({i: oracle.greedy(plan.oracle.shape, p, a.max_new_tokens) for i, p in enumerate(plan.prompts)}
+                if plan.oracle else None)
+        result = summarise(results, plan.settings, phases, plan.synthetic, a.require_lossless,
+                           plan.expectations, rule)
+        if plan.oracle:
+            result["oracle"] = plan.oracle.to_json()
+        if plan.launch_plan:
+            result["launch_plan"] = plan.launch_plan
         result["identity"] = ident
         result["models"] = plan.models
         if ident and isinstance(ident.get("fingerprint"), dict) and plan.models:
@@ -260,8 +323,11 @@ def run(a) -> int:
         if plan.models and not plan.synthetic:
             text += "\n" + models_line(plan.models)
         if plan.grammar:
-            servers = sorted(plan.grammar_servers, key=lambda g: plan.runs.index(g.run))  # as the runs
-            grammar.merge(result, grammar.summary(servers, plan.tokenizer))
+            order = plan.runs + [GRAMMAR_RUN]
+            servers = sorted(plan.grammar_servers, key=lambda g: order.index(g.run))  # as the runs
+            block = grammar.summary(servers, plan.tokenizer)
+            block["target"] = _grammar_target(plan)
+            grammar.merge(result, block)
             text += "\n\n" + grammar.table(result["grammar"])
         print(text, file=sys.stderr if a.json == "-" else sys.stdout)
         _write_json(a.json, result)
@@ -285,12 +351,16 @@ def run(a) -> int:
 
 
 def _exit_code(result: dict) -> int:
-    """0 when all passed; NOT_LOSSLESS when differing outputs are all that failed; GRAMMAR_VIOLATION
+    """0 when all passed; DRAFTS_REJECTED when acceptance outside its band is all that failed;
+    NOT_LOSSLESS when differing outputs are all that failed; GRAMMAR_VIOLATION
     when only the grammar phase failed; FAILED when anything else did (or both)."""
     if result["ok"]:
         return 0
     failures = set(result["failures"])
     lossless = set(result.get("lossless_failures") or [])
+    rejected = set(result.get("acceptance_failures") or [])
+    if rejected and failures <= rejected:
+        return DRAFTS_REJECTED
     grammar_failures = set((result.get("grammar") or {}).get("failures", []))
     if lossless and failures <= lossless:
         return NOT_LOSSLESS
@@ -352,46 +422,46 @@ def _run_url(a, phases) -> tuple[list[RunResult], Plan]:
 
 def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
     synthetic_pair = not a.model
+    pair = a.pair if synthetic_pair else None
+    if pair == "broken" and a.runs == "auto":
+        a.runs = "baseline,DFLASH"
     accepted = sglang_features.speculative_algorithms(a.python)
     if not accepted:
         raise DflashError(f"SGLang is not installed for {a.python}",
                           "sglang/srt/server_args.py was not found or has no --speculative-algorithm",
                           "run smoke with the stack's interpreter (nix run .#dflash-smoke), or pass --python",
                           PREFLIGHT_SGLANG)
-    runs = _select_runs(a.runs, accepted)
+    runs = _select_runs(a.runs, accepted, pair)
     launch = a.launch or ("together" if synthetic_pair else "sequential")
-    prompts = (loadgen.token_prompts(a.requests, a.input_len, a.seed) if synthetic_pair
-               else loadgen.text_prompts(a.requests))
+    shape = oracle.OracleShape(block_size=a.num_draft_tokens or 16, lag=max(15, (a.num_draft_tokens or 16) - 1),
+                               draft_offset_error=-1 if pair == "broken" else 0) if pair in ("oracle", "broken") else None
+    if shape and a.input_len < shape.lag:
+        raise _usage(f"--input-len {a.input_len} is shorter than the oracle's rule looks back ({shape.lag})",
+                     f"use --input-len {shape.lag} or more, or --pair random")
+    prompts = (loadgen.token_prompts(a.requests, a.input_len, a.seed, shape.hi if shape else 1000)
+               if synthetic_pair else loadgen.text_prompts(a.requests))
     plan = Plan(runs, synthetic_pair, launch, prompts,
                 _settings(a, runs, synthetic_pair, launch, "token ids" if synthetic_pair else "text"),
-                grammar=not a.no_grammar)
+                grammar=not a.no_grammar, pair=pair)
+    plan.settings["pair"] = pair
     started, prewarm = [], None
     try:
-        if synthetic_pair:
-            shape = synthetic.shape_for_block(a.num_draft_tokens or synthetic.PairShape().block_size)
-            target, draft = synthetic.write_pair(work / "models", shape)
-            if plan.grammar:  # SGLang runs a grammar backend only with a tokenizer
-                plan.tokenizer = tokenizer.write(target, shape.vocab_size)
-                phases["tokenizer"] = plan.tokenizer["seconds"]
-                say(f"synthetic tokenizer: {plan.tokenizer['vocab_size']} tokens in {plan.tokenizer['seconds']}s")
-            target, draft = str(target), str(draft)
-        else:
-            target, draft = a.model, a.draft_model
-        say(f"runs: {', '.join(runs)}; launch {launch}; work dir {work}")
+        specs = _specs(a, plan, runs, work, phases, shape)
+        say(f"runs: {', '.join(s.run for s in specs)}; launch {launch}; work dir {work}")
         say(driver_note())
         note = first_start_note()
         if note:
             say(note)
+        fraction, launch = _launch_plan(a, plan, specs, launch)
 
         results = []
         jit_since = time.time()
-        groups = [runs] if launch == "together" else [[r] for r in runs]
+        groups = [specs] if launch == "together" else [[sp] for sp in specs]
         for group in groups:
             t = time.monotonic()
-            fleet = Fleet([start_server(a, r, target, draft, synthetic_pair, launch, work, started)
-                           for r in group], a.start_timeout)
+            fleet = Fleet([start_server(a, sp, launch, work, started, fraction) for sp in group], a.start_timeout)
             if prewarm is None:
-                prewarm = _start_prewarm(a, target, started[0])
+                prewarm = _start_prewarm(a, specs[0].target, started[0])
             # By default each server is measured as soon as it is ready, while the others still
             # start (their CPU-bound compiling barely touches the GPU); --wait-all waits for all.
             queue = [fleet.next_ready() for _ in group] if a.wait_all else []
@@ -400,15 +470,17 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
                 busy = [o.run for o in fleet.started if o.startup_s is None]
                 t_m = time.monotonic()
                 result = measure(s.run, s.cfg.speculative.algorithm, loadgen.Endpoint(s.cfg.base_url), plan,
-                                 a, watch=fleet.check, startup_s=s.startup_s, log=_log_kept(a, s))
+                                 a, watch=fleet.check, startup_s=s.startup_s, log=_log_kept(a, s),
+                                 throughput=s.run != GRAMMAR_RUN)
                 result.measured_while_starting = busy
                 result.startup = _startup_of(s)
-                results.append(result)
+                if s.run != GRAMMAR_RUN:
+                    results.append(result)
                 phases[f"measure {s.run}"] = time.monotonic() - t_m
             if launch == "sequential":
                 stop_all(fleet.started)
         results.sort(key=lambda r: runs.index(r.name))
-        plan.models = models_loaded(a, target, draft, synthetic_pair, started)
+        plan.models = models_loaded(a, specs[0].target, specs[-1].draft, synthetic_pair, started, plan)
         plan.jit_prewarm = prewarm.result() if prewarm else {
             "enabled": False, "reason": "--no-jit-prewarm" if not a.jit_prewarm else "no local config.json"}
         caches = startup.jit_caches(started[0].server.env if started else os.environ, _triton_cache_of(started))
@@ -422,9 +494,74 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
         _keep_logs(a, started)
 
 
-def models_loaded(a, target: str, draft: str | None, synthetic_pair: bool, started: list) -> list[dict]:
+def _specs(a, plan: Plan, runs: list[str], work: Path, phases: dict, shape) -> list[RunSpec]:
+    """The servers to start: one per run, plus the grammar phase's own for the oracle pair."""
+    if not plan.synthetic:
+        return [RunSpec(r, algorithm_of(r), a.model, a.draft_model, synthetic=False) for r in runs]
+    specs = []
+    random_target = None
+    if plan.pair == "random" or plan.grammar:
+        rshape = synthetic.shape_for_block(a.num_draft_tokens or synthetic.PairShape().block_size)
+        random_target, random_draft = (str(p) for p in synthetic.write_pair(work / "models", rshape))
+        if plan.grammar:  # SGLang runs a grammar backend only with a tokenizer
+            plan.tokenizer = tokenizer.write(Path(random_target), rshape.vocab_size)
+            phases["tokenizer"] = plan.tokenizer["seconds"]
+            say(f"synthetic tokenizer: {plan.tokenizer['vocab_size']} tokens in {plan.tokenizer['seconds']}s")
+    if plan.pair == "random":
+        return [RunSpec(r, algorithm_of(r), random_target, random_draft, dummy=True, tokenizer=plan.grammar)
+                for r in runs]
+    t = time.monotonic()
+    pair = oracle.write_pair(work / "models", shape)
+    phases["oracle pair"] = time.monotonic() - t
+    plan.oracle = pair
+    say(f"oracle pair {pair.content_hash[:16]} {'reused' if pair.reused else 'written'} in {pair.root} "
+        f"({time.monotonic() - t:.1f}s)")
+    drafts = {"DFLASH": pair.draft, POISONED: pair.poisoned, "DDTREE": pair.draft}
+    for r in runs:
+        specs.append(RunSpec(r, algorithm_of(r), str(pair.target), str(drafts[r]) if r in drafts else None,
+                             tokenizer=False, kv_tokens=ORACLE_KV_TOKENS))
+    if plan.grammar:
+        specs.append(RunSpec(GRAMMAR_RUN, None, random_target, dummy=True, tokenizer=True, cuda_graphs=False))
+    plan.expectations = acceptance.expectations(shape, runs, plan.prompts, a.sequential_requests, a.max_new_tokens)
+    return specs
+
+
+ORACLE_KV_TOKENS = 32768  # 1 GiB at the oracle target's 16 KV heads; smoke needs ~2.5k tokens
+
+
+def _launch_plan(a, plan: Plan, specs: list[RunSpec], launch: str) -> tuple[float | None, str]:
+    """Servers side by side only where SGLang's memory rule lets every one of them start whatever
+    the order in which they measure the GPU (servers.memory_plan); else one at a time."""
+    if launch != "together" or not plan.synthetic or len(specs) < 2:
+        return None, launch
+    fraction = a.mem_fraction_static if a.mem_fraction_static is not None else 0.25
+    tokens = {sp.run: kv_tokens(a, sp) for sp in specs}
+    if any(t is None for t in tokens.values()):
+        plan.launch_plan = {"together": False, "reason": "--max-total-tokens 0: pools are not capped"}
+    else:
+        demands = [server_demand_mib(sp, tokens[sp.run]) for sp in specs]
+        plan.launch_plan = memory_plan(free_gpu_mib(a), demands, fraction)
+    lp = plan.launch_plan
+    if lp["together"]:
+        say(f"memory: {len(specs)} servers side by side at memFractionStatic {lp['fraction']} "
+            f"(each needs at most {lp.get('needed_fraction')} of {lp.get('free_mib')} MiB free, whatever "
+            "the order they measure the GPU in)")
+        plan.settings["launch"] = "together"
+        return lp["fraction"] if a.mem_fraction_static is None else None, "together"
+    say(f"memory: starting the servers one at a time: {lp['reason']}")
+    plan.settings["launch"] = "sequential"
+    return None, "sequential"
+
+
+def models_loaded(a, target: str, draft: str | None, synthetic_pair: bool, started: list,
+                  plan: Plan | None = None) -> list[dict]:
     """Which weights the servers loaded: for a hub model, the commit its revision resolved to in the
     cache the servers read (their HF_HOME), so two hosts' results show whether they served the same."""
+    if synthetic_pair and plan is not None and plan.oracle is not None:
+        out = [{"role": "target", "model": "oracle (weights set by hand, written here)", **plan.oracle.to_json()}]
+        if plan.grammar:
+            out.append({"role": "grammar target", "model": "synthetic (random weights) with its own tokenizer"})
+        return out
     if synthetic_pair:
         return [{"role": "target", "model": "synthetic (random weights, written here)"}]
     env = started[0].server.env if started else dict(os.environ)

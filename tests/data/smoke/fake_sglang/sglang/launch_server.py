@@ -1,7 +1,7 @@
 """`python -m sglang.launch_server` for tests: serves recorded SGLang responses on --port.
 
-Reads FAKE_SGLANG_RECORDINGS/<baseline|DFLASH|DDTREE>.json (the format `dflashctl smoke --record`
-writes) and answers /health_generate, /server_info, /model_info and streamed /generate like
+Reads FAKE_SGLANG_RECORDINGS/<run>.json (the format `dflashctl smoke --record` writes; the run is
+$DFLASHCTL_SMOKE_RUN as smoke sets it, else baseline or the --speculative-algorithm) and answers /health_generate, /server_info, /model_info and streamed /generate like
 SGLang 0.5.11: cumulative `output_ids`, `meta_info` on every chunk, the speculative counters on the
 last one, then `data: [DONE]`. Constrained requests (a regex, ebnf, json_schema or structural_tag in
 sampling_params, and POST /v1/chat/completions) are answered from the recording's "grammar" list,
@@ -42,7 +42,8 @@ p.add_argument("--grammar-backend")
 p.add_argument("--constrained-json-disable-any-whitespace", action="store_true")
 args, _unknown = p.parse_known_args()
 
-run = args.speculative_algorithm or "baseline"
+# smoke names each server's run in its environment (DFLASH and DFLASH-poisoned share an algorithm)
+run = os.environ.get("DFLASHCTL_SMOKE_RUN") or args.speculative_algorithm or "baseline"
 with open(os.path.join(os.environ["FAKE_SGLANG_RECORDINGS"], f"{run}.json")) as f:
     REC = json.load(f)
 BY_PROMPT = {json.dumps(g["request"].get("input_ids") or g["request"].get("text")): g
@@ -93,7 +94,7 @@ def first_use_jit():
 def start_up_lines():
     """SGLang's markers, in its order: imports done, each model loads, each runner captures."""
     step = max(0.0, READY_AT - time.monotonic()) / 8
-    models = ["Qwen3ForCausalLM"] + (["DFlashDraftModel"] if run != "baseline" else [])
+    models = ["Qwen3ForCausalLM"] + (["DFlashDraftModel"] if args.speculative_algorithm else [])
     sglang_log(f"server_args=ServerArgs(model_path={args.model_path!r}, port={args.port})")
     time.sleep(step)
     sglang_log("Init torch distributed begin.")
