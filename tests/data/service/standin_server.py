@@ -22,7 +22,8 @@ SGLang 0.5.11's JSON shapes: GET /health, /v1/models, /model_info, /server_info;
 names the port that served it (`meta_info.id` / `id` start with "standin-<port>-"), so a test can
 count where a router sent each request. STANDIN_TOKEN_DELAY seconds pass per generated token
 (default 0). Bad requests get SGLang's answers: 400 for JSON that does not parse, for empty
-`input_ids`, or for more than STANDIN_CONTEXT (default 4096) input tokens.
+`input_ids`, or for more than STANDIN_CONTEXT (default 4096) input tokens; 401 to a POST without
+`Authorization: Bearer $STANDIN_API_KEY` when that is set (SGLang's --api-key).
 """
 
 import http.server
@@ -105,6 +106,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_json(404 if self.ready() else 503, {"error": {"message": f"no route {self.path}"}})
             return
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        key = os.environ.get("STANDIN_API_KEY")
+        if key and self.headers.get("Authorization") != f"Bearer {key}":
+            self.send_json(401, {"error": {"message": "Unauthorized", "code": 401}})
+            return
         try:
             body = json.loads(raw)
             if not isinstance(body, dict):
