@@ -24,10 +24,15 @@ STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
 ENV = dict(os.environ, PYTHONPATH=str(REPO / "python"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(at_most: int = 65535) -> int:
+    """A free port on 127.0.0.1; `at_most` 55535 for an instance (SGLang takes port + 10000 too)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port <= at_most:
+            return port
+    raise RuntimeError(f"no free port at or below {at_most}")
 
 
 def request(url: str, method: str = "GET", body=None, headers: dict | None = None,
