@@ -126,6 +126,15 @@ class Router:
                                      stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         return self
 
+    def sync(self, **changes) -> subprocess.CompletedProcess:
+        """Rewrite the settings file and run the unit's ExecReload, `dflashctl router --sync`."""
+        self.settings.update(changes)
+        path = self.tmp / "router.json"
+        path.write_text(json.dumps(self.settings))
+        return subprocess.run([sys.executable, "-m", "dflashctl", "router", "--config", str(path),
+                               "--python", sys.executable, "--sync"], env=self.env,
+                              capture_output=True, text=True, timeout=60)
+
     def workers(self, headers: dict | None = None) -> dict[str, bool]:
         status, body = request(self.url + "/workers", headers=headers, timeout=5)
         if status != 200:

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -275,3 +276,32 @@ def test_api_keys_for_clients_admin_and_workers(tmp_path, workers, make_router):
     assert request(r.url + "/workers")[0] == 401
     assert request(r.url + "/workers", headers={"Authorization": "Bearer client-key"})[0] == 401
     assert "client-key" not in r.log.read_text() and "admin-key" not in r.log.read_text()
+
+
+@needs_router
+def test_reload_adds_and_removes_workers_without_failing_a_request(workers, make_router):
+    """A configuration change reaches the running router through `systemctl reload` (ExecReload =
+    `dflashctl router --sync`): under load, a new instance is added and an old one removed."""
+    old, new = workers(2, STANDIN_TOKEN_DELAY="0.01")
+    r = make_router([old])
+    r.wait_healthy([old.url])
+    load = Load(r.url + "/generate", generate_body(4), clients=4, max_requests=4000, seconds=120).start()
+    assert load.wait_for(lambda o: len(o) >= 40, 30)
+    done = r.sync(workers=[old.url, new.url])
+    assert done.returncode == 0 and f"added {new.url}" in done.stderr, done.stderr
+    assert load.wait_for(lambda o: any(x.worker == new.port for x in o), 60)
+    done = r.sync(workers=[new.url])
+    assert done.returncode == 0 and f"removed {old.url}" in done.stderr, done.stderr
+    gone = None
+    for _ in range(300):
+        if r.workers() == {new.url: True}:
+            gone = time.monotonic()
+            break
+        time.sleep(0.1)
+    assert gone is not None, r.workers()
+    assert load.wait_for(lambda o: sum(x.start > gone for x in o) >= 100, 60)
+    outcomes = load.stop()
+    failed = [o for o in outcomes if o.status != 200]
+    assert not failed, f"{len(failed)} of {len(outcomes)} failed, first: {failed[0].status} {failed[0].error}"
+    late = [o for o in outcomes if o.start > gone]
+    assert all(o.worker == new.port for o in late)  # the removed one gets nothing sent after it left

@@ -229,6 +229,40 @@ def read_keys(cfg: RouterConfig, env: dict[str, str]) -> tuple[str | None, str |
     return api, admin
 
 
+def _admin(cfg: RouterConfig, method: str, path: str, admin_key: str | None, body: dict | None = None):
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(cfg.url + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {admin_key}"} if admin_key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        fix = ("set adminApiKeyFile (the unit hands it to `systemctl reload` too)" if e.code in (401, 403)
+               else "see `journalctl -u dflash-router`")
+        raise DflashError(f"the router's admin API refused {method} {path}", f"HTTP {e.code}", fix) from None
+    except OSError as e:
+        raise DflashError(f"cannot reach the router at {cfg.url}", str(getattr(e, "reason", e)),
+                          "start it first (`systemctl start dflash-router`)") from None
+
+
+def sync(cfg: RouterConfig, admin_key: str | None) -> tuple[list[str], list[str]]:
+    """Make the running router's workers the settings' workers through its admin API, without a
+    restart (the unit's ExecReload): added ones are health-checked before they get requests, removed
+    ones finish what they hold. Returns (added, removed)."""
+    listed = _admin(cfg, "GET", "/workers", admin_key).get("workers", [])
+    running = {w["url"].rstrip("/"): w["id"] for w in listed}
+    added = [u for u in cfg.workers if u not in running]
+    removed = [u for u in running if u not in cfg.workers]
+    for url in added:
+        _admin(cfg, "POST", "/workers", admin_key, {"url": url})
+    for url in removed:
+        _admin(cfg, "DELETE", f"/workers/{running[url]}", admin_key)
+    return added, removed
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("router", help="run SGLang's router in front of this host's instances",
                               description=__doc__.splitlines()[0])
@@ -236,12 +270,20 @@ def register(subparsers) -> None:
     p.add_argument("--python", default=sys.executable, metavar="PATH",
                    help="the router environment's interpreter (nix/router-lock.json; default: this one)")
     p.add_argument("--dry-run", action="store_true", help="print the router's argv (keys masked) and exit")
+    p.add_argument("--sync", action="store_true",
+                   help="make the running router's workers the settings' ones, without a restart "
+                        "(the unit's ExecReload: `systemctl reload dflash-router`)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     cfg = from_dict(config.read_json(args.config), origin=args.config)
     api, admin = read_keys(cfg, dict(os.environ))
+    if args.sync:
+        added, removed = sync(cfg, admin)
+        print(f"dflashctl router: added {' '.join(added) or 'none'}; removed {' '.join(removed) or 'none'}",
+              file=sys.stderr)
+        return 0
     argv = build_argv(cfg, args.python, api, admin)
     if args.dry_run:
         print(json.dumps({"argv": masked(argv)}, indent=2))

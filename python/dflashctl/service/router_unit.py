@@ -81,6 +81,8 @@ def render(settings: dict, settings_path: str, dflashctl: str, python: str, syst
     service = dict(data["service"])
     service["ExecStart"] = unit_text.command_line([dflashctl, "router", "--config", settings_path,
                                                    "--python", python])
+    service["ExecReload"] = unit_text.command_line([dflashctl, "router", "--config", settings_path,
+                                                    "--python", python, "--sync"])
     service["TimeoutStopSec"] = f"{cfg.drain_sec + data['stopMarginSec']}s"
     credentials = [f"{data[key]}:{unit_text.specifiers(path)}" for key, path in
                    (("apiKeyCredential", cfg.api_key_file), ("adminApiKeyCredential", cfg.admin_api_key_file))
