@@ -10,7 +10,8 @@ standin_server.py`), restarted by this script RestartSec after it exits, as syst
 router runs as its unit runs it (`dflashctl router`, settings from `router_unit.settings_for`, so
 the defaults under test are data/router-unit.json's). Clients are closed-loop JSON /generate
 requests to the router only (127.0.0.1), bounded by --max-requests and --minutes. At --kill-at
-seconds the SGLang process of the first instance gets SIGKILL. Phases: before the kill, during
+seconds the SGLang process of the first instance (or --victim) gets SIGKILL. Instances start one
+after the other, each once the one before answers /health, as SGLang's pool depends on it. Phases: before the kill, during
 (kill to the router's re-admission of the restarted instance), after. Retries are the router's own
 count (smg_worker_retries_total on its metrics port). Prints a Markdown table; --json keeps it all.
 """
@@ -133,31 +134,32 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=1.0)
     ap.add_argument("--max-requests", type=int, default=200_000)
     ap.add_argument("--kill-at", type=float, default=None, help="seconds into the load (default: a fifth)")
+    ap.add_argument("--victim", metavar="NAME", help="the instance to kill (default: the first)")
     ap.add_argument("--restart-sec", type=float, default=5.0, help="the unit's RestartSec (default 5)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--token-delay", default="0.005", help="stand-ins: seconds per token")
     ap.add_argument("--start-timeout", type=float, default=900)
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--work-dir", metavar="DIR", help="keep the logs here (default: a temporary directory)")
     args = ap.parse_args()
     seconds = args.minutes * 60
     kill_at = args.kill_at if args.kill_at is not None else seconds / 5
     with tempfile.TemporaryDirectory(prefix="router-bench-") as d:
-        tmp = Path(d)
+        tmp = Path(args.work_dir or d)
+        tmp.mkdir(parents=True, exist_ok=True)
         standin = not args.instance
         files = [Path(f) for f in args.instance] or standin_settings(tmp, 2, args.token_delay)
         instances = [Supervised(f, args.python, standin, args.restart_sec, tmp / f"serve-{f.stem}.log")
                      for f in files]
-        for i in instances:
-            i.start()
-        for i in instances:
-            i.wait_up(args.start_timeout)
+        for i in instances:  # one after the other: SGLang sizes its pool from what the others left free
+            i.start().wait_up(args.start_timeout)
         given = json.loads(Path(args.router_settings).read_text()) if args.router_settings else {}
         settings = router_unit.settings_for([i.cfg for i in instances],
                                             {"port": free_port(), "metricsPort": free_port(), **given})
         settings.pop("instanceUnits")
         r = Router(settings, tmp).start()
         metrics = f"http://127.0.0.1:{settings['metricsPort']}/metrics"
-        victim = instances[0]
+        victim = next((i for i in instances if i.cfg.name == args.victim), instances[0])
         try:
             r.wait_healthy(settings["workers"], timeout=120)
             t_start = time.monotonic()

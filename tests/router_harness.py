@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
-ENV = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    [str(REPO / "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
 
 
 def free_port(at_most: int = 65535) -> int:
