@@ -305,3 +305,51 @@ def test_reload_adds_and_removes_workers_without_failing_a_request(workers, make
     assert not failed, f"{len(failed)} of {len(outcomes)} failed, first: {failed[0].status} {failed[0].error}"
     late = [o for o in outcomes if o.start > gone]
     assert all(o.worker == new.port for o in late)  # the removed one gets nothing sent after it left
+
+
+# --- the Nix twin: nix/lib/router-unit.nix gives the same directives --------------------------------
+
+def sections(text: str) -> dict[str, dict[str, list[str]]]:
+    out, current = {}, None
+    for line in text.splitlines():
+        if line.startswith("[") and line.endswith("]"):
+            current = out.setdefault(line[1:-1], {})
+        elif current is not None and "=" in line and not line.startswith("#"):
+            k, v = line.split("=", 1)
+            current.setdefault(k, []).append(v)
+    return out
+
+
+def nix_sections(settings: dict, tmp_path: Path) -> dict[str, dict[str, list[str]]]:
+    from conftest import nix_or_skip
+    from nixeval import nix_env
+    nix = nix_or_skip()
+    f = tmp_path / "settings.json"
+    f.write_text(json.dumps(settings))
+    lib = Path(__file__).resolve().parent.parent / "nix" / "lib" / "router-unit.nix"
+    expr = (f"(import {lib}).directives {{ settings = builtins.fromJSON (builtins.readFile {f}); "
+            f'dflashctl = "/opt/dflash/bin/dflashctl"; python = "/opt/router env/bin/python"; '
+            f'settingsFile = "/etc/dflash-router.json"; }}')
+    done = subprocess.run([nix, "eval", "--json", "--impure", "--expr", expr], capture_output=True,
+                          text=True, env=nix_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+
+    def lines(v):
+        v = v if isinstance(v, list) else [v]
+        return ["true" if x is True else "false" if x is False else str(x) for x in v]
+    return {sec: {k: lines(v) for k, v in d.items()} for sec, d in json.loads(done.stdout).items()}
+
+
+@pytest.mark.nix
+@pytest.mark.parametrize("given, remote", [
+    ({}, []),
+    ({"apiKeyFile": "/run/keys/50% key", "adminApiKeyFile": "/run/keys/admin", "drainSec": 90}, []),
+    ({"host": "0.0.0.0", "adminApiKeyFile": "/run/keys/admin"}, []),
+    ({}, ["http://10.0.0.2:30000", "http://[fd00::2]:30000"]),
+])
+def test_nix_router_unit_matches_dflashctl(tmp_path, given, remote):
+    settings = router_unit.settings_for([instance("a", 30000), instance("b", 30001)],
+                                        {**given, **({"remoteWorkers": remote} if remote else {})})
+    text = router_unit.render(settings, "/etc/dflash-router.json", "/opt/dflash/bin/dflashctl",
+                              "/opt/router env/bin/python")
+    assert nix_sections(settings, tmp_path) == sections(text)
