@@ -353,3 +353,23 @@ def test_nix_router_unit_matches_dflashctl(tmp_path, given, remote):
     text = router_unit.render(settings, "/etc/dflash-router.json", "/opt/dflash/bin/dflashctl",
                               "/opt/router env/bin/python")
     assert nix_sections(settings, tmp_path) == sections(text)
+
+
+@needs_router
+def test_smoke_through_the_router_names_it_and_its_workers(tmp_path, workers, make_router):
+    """`dflashctl smoke --url ROUTER`: sglang-router 0.3.2 answers 404 to /server_info, so the smoke
+    reads a healthy worker's and records the router with every worker behind it."""
+    ws = workers(2)
+    r = make_router(ws)
+    r.wait_healthy([w.url for w in ws])
+    out = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, "-m", "dflashctl", "smoke", "--url", r.url, "--no-grammar",
+                           "--requests", "2", "--sequential-requests", "1", "--max-new-tokens", "8",
+                           "--json", str(out)], capture_output=True, text=True, timeout=120,
+                          env=r.env)
+    assert done.returncode == 0, done.stderr
+    routers = json.loads(out.read_text())["settings"]["routers"]
+    assert [(x["url"], x["for"]) for x in routers] == [(r.url, "service")]
+    assert sorted(routers[0]["workers"], key=lambda w: w["url"]) == sorted(
+        ({"url": w.url, "healthy": True, "model": "standin-model"} for w in ws), key=lambda w: w["url"])
+    assert f"{r.url} is a router in front of" in done.stderr
