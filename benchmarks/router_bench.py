@@ -133,6 +133,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--minutes", type=float, default=1.0)
     ap.add_argument("--max-requests", type=int, default=200_000)
+    ap.add_argument("--after", type=float, default=20.0,
+                    help="seconds of load at least after the re-admission, past --minutes if need be (20)")
     ap.add_argument("--kill-at", type=float, default=None, help="seconds into the load (default: a fifth)")
     ap.add_argument("--victim", metavar="NAME", help="the instance to kill (default: the first)")
     ap.add_argument("--restart-sec", type=float, default=5.0, help="the unit's RestartSec (default 5)")
@@ -164,7 +166,7 @@ def main() -> None:
             r.wait_healthy(settings["workers"], timeout=120)
             t_start = time.monotonic()
             load = Load(r.url + "/generate", generate_body(args.max_new_tokens), clients=args.clients,
-                        max_requests=args.max_requests, seconds=seconds, timeout=600).start()
+                        max_requests=args.max_requests, seconds=seconds + args.after, timeout=600).start()
             time.sleep(kill_at)
             retried_before = retries(metrics)
             pid = victim.sglang_pid()
@@ -185,8 +187,9 @@ def main() -> None:
                     break
                 time.sleep(0.2)
             retried_during = retries(metrics)
-            while marks["admitted"] and time.monotonic() < t_start + seconds \
-                    and load.count() < args.max_requests:
+            # at least --after seconds of load once it is back, even past --minutes
+            end = max(t_start + seconds, (marks["admitted"] or 0) + args.after)
+            while marks["admitted"] and time.monotonic() < end and load.count() < args.max_requests:
                 time.sleep(0.5)
             outcomes = load.stop()
             t_end = time.monotonic()

@@ -43,7 +43,7 @@ PY
   python3 -c "import sglang_router, importlib.metadata as m; print('sglang', m.version('sglang'), '| sglang-router', sglang_router.__version__)"
 } >"$OUT/router-h200.txt" 2>&1
 timeout --signal=INT 480 python3 benchmarks/router_bench.py --instance "$work/x.json" --instance "$work/y.json" \
-  --victim y --python python3 --router-python python3 --clients 8 --minutes "${ROUTER_MINUTES:-1.5}" \
+  --victim y --python "$(command -v python3)" --router-python "$(command -v python3)" --clients 8 --minutes "${ROUTER_MINUTES:-1.5}" \
   --kill-at "${ROUTER_KILL_AT:-20}" --start-timeout 300 --json "$OUT/router-h200.json" --work-dir "$work/bench" \
   >>"$OUT/router-h200.txt" 2>&1
 echo "router_bench exit $?" >>"$OUT/router-h200.txt"
