@@ -112,7 +112,8 @@ def test_serve_refuses_a_busy_gpu_naming_the_holder(serve, stack_python):  # noq
     assert errors.PREFLIGHT_GPU_BUSY not in errors.NO_RESTART  # the other work may end: systemd retries
     assert ("GPU 0 (NVIDIA H200): 19.2 GiB free of 140.4 GiB, SGLang claims 70.2 GiB (memFractionStatic 0.5); "
             "held by pid 1968 python3 (120.6 GiB)\n") in err  # and no one else: the rest is the driver's
-    assert "lower memFractionStatic" in err
+    # a lower memFractionStatic does not help there: SGLang's pool, free - (1 - f) x total, would be < 0
+    assert "no memFractionStatic fits next to that work" in err
     assert not (proc.tmp / "argv.json").exists()  # SGLang was never started
 
 
@@ -167,13 +168,57 @@ def test_the_h200_recordings_replay_to_what_doctor_printed_there():
                                        f"(NVML answers replayed from {BUSY})"]
 
 
-def test_a_claim_that_fits_next_to_the_holder_is_a_warning():
-    """The holder only held memory (0 % utilization): a claim that fits in the 19.2 GiB left runs,
-    with a warning naming the process it shares the GPU with."""
+def test_a_small_claim_next_to_the_holder_is_refused_by_sglangs_rule():
+    """SGLang 0.5.11's pool is free - (1 - f) x total: 0.1 next to a 120 GiB holder leaves it below
+    zero, so SGLang would stop with "Not enough memory" after loading the weights. Without
+    allowSharedGpus no fraction fits both rules there; with it, the smallest one that SGLang fits."""
     check = gpus.check_claim(snapshot(BUSY), [0], 0.1, "memFractionStatic 0.1")
+    assert (check.status, check.exit_code) == ("fail", errors.PREFLIGHT_GPU_BUSY), check
+    assert check.summary.startswith(
+        "GPU 0 (NVIDIA H200): 19.2 GiB free of 140.4 GiB; SGLang's pool for weights and KV cache would be "
+        "19.2 GiB free - (1 - 0.1) x 140.4 GiB = -107.2 GiB (memFractionStatic 0.1), so SGLang would stop "
+        'with "Not enough memory"; held by pid 1968 python3')
+    assert check.fix.startswith("no memFractionStatic fits on this GPU now")
+    shared = gpus.check_claim(snapshot(BUSY), [0], 0.1, "memFractionStatic 0.1", shared=True)
+    assert shared.exit_code == errors.PREFLIGHT_GPU_BUSY
+    assert shared.fix.startswith("set memFractionStatic to at least 0.87 plus the weights' share")
+
+
+def test_a_shared_claim_that_fits_next_to_the_holder_is_a_warning():
+    """The holder only held memory (0 % utilization): with allowSharedGpus, 0.9 leaves SGLang 5.2 GiB
+    (19.2 GiB free - 0.1 x 140.4 GiB) and runs, with a warning naming the process it shares the GPU with."""
+    check = gpus.check_claim(snapshot(BUSY), [0], 0.9, "memFractionStatic 0.9", shared=True)
     assert (check.status, check.exit_code) == ("warn", 0), check
-    assert check.summary == ("GPU 0 (NVIDIA H200): 19.2 GiB free of 140.4 GiB, SGLang claims 14.0 GiB "
-                             "(memFractionStatic 0.1); GPU 0 is 0 % busy: pid 1968 python3 (120.6 GiB)")
+    assert check.summary == ("GPU 0 (NVIDIA H200): 19.2 GiB free of 140.4 GiB, SGLang claims 5.2 GiB "
+                             "(memFractionStatic 0.9); GPU 0 is 0 % busy: pid 1968 python3 (120.6 GiB)")
+
+
+def after_first_instance(fraction: float) -> dict:
+    """The idle H200 once a first instance holds fraction x total (its pool) plus 2 GiB of context."""
+    snap = snapshot(IDLE)
+    mem = snap["facts"]["gpus"][0]["memory_mib"]
+    held = int(fraction * mem["total"]) + 2048
+    mem["free"] -= held
+    mem["used"] += held
+    snap["facts"]["gpus"][0]["processes"] = [{"pid": 4242, "name": "sglang::scheduler", "used_mib": held}]
+    return snap
+
+
+@pytest.mark.parametrize("first, second, fits", [
+    (0.25, 0.25, False),  # seen twice on the H200: "Not enough memory"
+    (0.2, 0.5, True),  # started one after the other on the H200: both ran
+    (0.5, 0.5, False),
+])
+def test_two_instances_on_one_gpu_follow_sglangs_rule(first, second, fits):
+    check = gpus.check_claim(after_first_instance(first), [0], second, f"memFractionStatic {second:g}",
+                             shared=True)
+    assert (check.exit_code == 0) == fits, check
+    if not fits:
+        assert '"Not enough memory"' in check.summary and "sglang::scheduler" in check.summary
+        least = float(check.fix.split("at least ")[1].split()[0])
+        mem = after_first_instance(first)["facts"]["gpus"][0]["memory_mib"]
+        assert gpus.sglang_pool_mib(mem["free"], mem["total"], least) > 0
+        assert gpus.sglang_pool_mib(mem["free"], mem["total"], least - 0.01) <= 0
 
 
 def test_a_gpu_the_host_lacks_is_a_settings_error():

@@ -152,6 +152,19 @@ def test_committed_lock_is_up_to_date():
     assert json.loads(r.stdout) == {"up_to_date": True, "changes": []}
 
 
+def test_committed_router_lock_is_up_to_date_and_has_no_torch():
+    """The router's own environment (nix/router.toml): re-resolved, the same lock; no torch, and
+    only one of the two router packages (sglang-router 0.3.2 installs an `smg` script itself)."""
+    r = dflashctl("lock", "--check", "--json", "-q", "--spec", "nix/router.toml", "--lock", "nix/router-lock.json",
+                  cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout) == {"up_to_date": True, "changes": []}
+    lock = json.loads((REPO / "nix" / "router-lock.json").read_text())
+    for system in ("x86_64-linux", "aarch64-linux"):
+        names = set(lock["systems"][system]["packages"])
+        assert "sglang-router" in names and not names & {"torch", "smg", "triton"}, names
+
+
 @pytest.mark.parametrize("system", ["x86_64-linux", "aarch64-linux"])
 def test_audit_of_a_sample_of_the_committed_lock(system, tmp_path):
     """`dflashctl audit` on the real lock, for a small sample (the full audit downloads ~3.6 GiB

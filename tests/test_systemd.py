@@ -448,3 +448,127 @@ def test_jit_toolchain_under_the_sandbox(deploy):
     assert f"standin: jit ok: answer=42 (built in {inst.home}/jit)" in journal, journal
     listing = inst.c.run(["ls", f"{inst.home}/jit"]).stdout.split()
     assert {"libanswer.so", "main"} <= set(listing), listing
+
+
+# --- the router in front of two instances ------------------------------------------------------------
+
+ROUTER_VENV = "/opt/dflash-router"
+ROUTER_CLIENT = r"""
+import json, sys, urllib.request, urllib.error
+url, n = sys.argv[1], int(sys.argv[2])
+body = json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}).encode()
+out = []
+for _ in range(n):
+    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            out.append([r.status, json.loads(r.read())["meta_info"]["id"].split("-")[1]])
+    except urllib.error.HTTPError as e:
+        out.append([e.code, None])
+    except OSError as e:
+        out.append([0, str(e)])
+print(json.dumps(out))
+"""
+
+
+def router_wheels(c: Container) -> Path:
+    """The router environment's wheels for the container's Python, at the versions of
+    nix/router-lock.json, downloaded once from the package index into the tier's cache (the
+    container has no network). The router's own wheel (abi3) is the lock's file: sha256 checked."""
+    import hashlib
+    import subprocess
+    import sys
+    from systemd_container import cache_dir
+    py = c.run(["python3", "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"]).stdout.strip()
+    lock = json.loads((REPO / "nix" / "router-lock.json").read_text())["systems"]["x86_64-linux"]["packages"]
+    out = cache_dir() / "router-wheels" / f"cp{py.replace('.', '')}-{hashlib.sha256(json.dumps(lock, sort_keys=True).encode()).hexdigest()[:12]}"
+    if not (out / "complete").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        platforms = [f"--platform={p}_x86_64" for p in ("manylinux_2_34", "manylinux_2_28", "manylinux_2_17",
+                                                        "manylinux2014", "manylinux_2_5", "manylinux1")]
+        abi = f"cp{py.replace('.', '')}"
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--no-deps",
+                            f"--python-version={py}", "--implementation=cp", f"--abi={abi}", "--abi=abi3",
+                            "--abi=none", *platforms, "--platform=any", "-d", str(out),
+                            *(f"{n}=={p['version']}" for n, p in sorted(lock.items()))],
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            pytest.skip(f"the router's wheels for Python {py} could not be downloaded: {r.stderr[-300:]}")
+        (out / "complete").write_text("")
+    router = lock["sglang-router"]
+    got = hashlib.sha256((out / router["file"]).read_bytes()).hexdigest()
+    assert got == router["sha256"], f"{router['file']}: sha256 {got}, the lock says {router['sha256']}"
+    return out
+
+
+@pytest.mark.parametrize("unit_source", ["dflashctl_unit"], indirect=True)
+def test_router_in_front_of_two_instances(deploy, container):
+    """dflash-router.service from `dflashctl router-unit`, with sglang-router 0.3.2 in its own venv:
+    it starts after the instances, serves through a stop, a start and a restart of one of them,
+    re-admits it, and stops cleanly within its stop timeout. No GPU: DevicePolicy=closed, no
+    DeviceAllow (not enforced in the container, checked as systemd parsed it)."""
+    c = container
+    wheels = router_wheels(c)
+    c.copy_tree(wheels, "/opt/router-wheels")
+    c.run(["python3", "-m", "venv", ROUTER_VENV])
+    c.run([f"{ROUTER_VENV}/bin/pip", "install", "-q", "--no-index", "--find-links", "/opt/router-wheels",
+           "sglang-router"], timeout=180)
+    a, b = deploy("ra"), deploy("rb")
+    for inst in (a, b):
+        assert inst.start().returncode == 0, inst.journal()
+    unit = Instance(c, "router")  # dflash-router.service: the same systemctl/journal helpers
+    c.run([DFLASHCTL, "router-unit", "--instance", f"/etc/dflash/{a.name}.json", "--instance",
+           f"/etc/dflash/{b.name}.json", "--python", f"{ROUTER_VENV}/bin/python", "--dflashctl", DFLASHCTL,
+           "-o", "/etc/systemd/system/dflash-router.service", "--settings-output", "/etc/dflash-router.json"])
+    c.write(f"{TEST_DIR}/client.py", ROUTER_CLIENT)
+    c.run(["systemctl", "daemon-reload"])
+    try:
+        r = unit.start()
+        assert r.returncode == 0, unit.journal()
+        settings = json.loads(c.run(["cat", "/etc/dflash-router.json"]).stdout)
+        url = f"http://127.0.0.1:{settings['port']}"
+        ports = {a.name: str(json.loads(a.read(f"/etc/dflash/{a.name}.json"))["port"]),
+                 b.name: str(json.loads(b.read(f"/etc/dflash/{b.name}.json"))["port"])}
+
+        def send(n: int) -> list:
+            return json.loads(c.run(["python3", f"{TEST_DIR}/client.py", url, str(n)], timeout=WAIT_S + 60).stdout)
+
+        def wait_served_by(port: str) -> None:
+            end = time.monotonic() + WAIT_S
+            while time.monotonic() < end:
+                if any(s == 200 and p == port for s, p in send(4)):
+                    return
+                time.sleep(0.5)
+            pytest.fail(f"the router never sent a request to port {port}\n{unit.journal()}")
+
+        wait_served_by(ports[a.name])
+        wait_served_by(ports[b.name])
+        view = unit.show("DevicePolicy", "DeviceAllow", "PrivateDevices", "TimeoutStopUSec", "After", "Wants",
+                         "Requires", "ActiveState")
+        assert view["DevicePolicy"] == "closed" and view["PrivateDevices"] == "yes", view
+        assert "nvidia" not in view["DeviceAllow"], view  # only what ProtectClock adds (char-rtc r)
+        assert {a.unit, b.unit} <= set(view["After"].split()) & set(view["Wants"].split()), view
+        assert not {a.unit, b.unit} & set(view["Requires"].split()), view  # up while they are down
+        assert usec(view["TimeoutStopUSec"]) > settings["drainSec"]
+        # one instance stopped: the router stays active and every request is answered by the other
+        assert a.systemctl("stop", a.unit).returncode == 0
+        assert unit.show("ActiveState")["ActiveState"] == "active"
+        time.sleep(settings["healthCheckIntervalSec"] * (settings["healthFailureThreshold"] + 1))
+        answers = send(20)
+        assert all(s == 200 for s, _ in answers), answers
+        assert {p for _, p in answers} == {ports[b.name]}
+        # started again: re-admitted on the same URL
+        assert a.start().returncode == 0, a.journal()
+        wait_served_by(ports[a.name])
+        # a restart of the other: the router serves throughout, then has both again
+        assert b.systemctl("restart", b.unit, timeout=WAIT_S + 30).returncode == 0
+        assert all(s == 200 for s, _ in send(20))
+        wait_served_by(ports[b.name])
+        assert unit.show("ActiveState", "NRestarts") == {"ActiveState": "active", "NRestarts": "0"}
+    finally:
+        stopped = unit.systemctl("stop", unit.unit)
+        view = unit.show("ActiveState", "Result")
+        journal = unit.journal()
+        c.run(["rm", "-f", "/etc/systemd/system/dflash-router.service"])
+        c.run(["systemctl", "daemon-reload"])
+    assert stopped.returncode == 0 and view == {"ActiveState": "inactive", "Result": "success"}, (view, journal)

@@ -343,3 +343,20 @@ def test_a_repeated_gpu_is_named_once(tmp_path, capsys, gpus):
     assert rc == errors.CONFIG
     assert f"gpus: must be a list without repeats (got {json.dumps(gpus)})" in text
     assert text.count("(got") == 1
+
+
+@pytest.mark.parametrize("fractions, stuck", [
+    ((0.2, 0.5), ["a"]),  # the H200 run: b (0.5) came back after a kill; a (0.2) could not
+    ((0.25, 0.25), ["a", "b"]),  # neither restarts while the other runs
+    ((0.3, None), ["a"]),  # b at SGLang's default (about 0.9) comes back; a does not
+])
+def test_instances_sharing_a_gpu_are_told_which_cannot_restart(fractions, stuck):
+    from dflashctl.service import validate
+    instances = {name: {"model": "m", "gpus": [0], "allowSharedGpus": True, "port": 30000 + i,
+                        **({"memFractionStatic": f} if f else {})}
+                 for i, (name, f) in enumerate(zip("ab", fractions))}
+    errors_, warnings, _ = validate.check({"instances": instances})
+    assert not errors_
+    named = sorted(w.split("'")[1] for w in warnings if "shares GPU 0" in w)
+    assert named == stuck, warnings
+    assert all("never while they run" in w and "exit 87" in w for w in warnings if "shares GPU" in w)

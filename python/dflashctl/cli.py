@@ -22,6 +22,8 @@ COMMANDS = {
     "validate": "dflashctl.service.validate",
     "serve": "dflashctl.service.serve",
     "unit": "dflashctl.service.unit",
+    "router": "dflashctl.service.router",
+    "router-unit": "dflashctl.service.router_unit",
     "models": "dflashctl.service.models",
     "smoke": "dflashctl.smoke.smoke",
 }

@@ -1,4 +1,4 @@
-"""`dflashctl diff A.json B.json`: how two hosts' saved fingerprints differ, what breaks first.
+"""`dflashctl diff A.json B.json [C.json ...]`: how hosts' saved fingerprints differ, what breaks first.
 
 Differences come in four groups: failures (checks that fail on one host only, in doctor's
 root-cause order, each with its fix), ABI-breaking ones (a wheel built against one of these will not
@@ -6,6 +6,9 @@ load against the other: torch's CUDA line, the kernel package versus torch, the 
 SGLang imports from the grammar backend), then models whose cached commit differs (the hosts serve
 other weights), then package versions, then everything else. Exit errors.FAILED when a failure,
 an ABI-breaking difference or a model difference exists.
+
+Three or more files (a fleet): one table of the items on which some hosts differ from the majority,
+each with the majority's value and every host that differs, in the same group order.
 """
 
 import json
@@ -184,17 +187,102 @@ def render(rows: list[dict], name_a: str, name_b: str) -> str:
     return "\n".join(line for line in lines if line is not None) + "\n"
 
 
+def host_values(fp: dict) -> dict[str, tuple[str, object]]:
+    """item -> (group, value) of one host: what `fleet` compares across hosts."""
+    out = {label: (ABI, read(fp)) for label, read in ABI_ITEMS}
+    out.update({label: (OTHER, read(fp)) for label, read in OTHER_ITEMS if label != "hostname"})
+    for name, version in fp.get("packages", {}).items():
+        out[name] = (VERSION, version)
+    for c in fp.get("checks", []):
+        out[f"check {c['name']}"] = (FAILURE if c["status"] == "fail" else OTHER, c["status"])
+    for m in fp.get("models") or []:
+        if isinstance(m, dict) and "repo_id" in m:
+            out[f"{m['repo_id']} commit"] = (SERVING, m.get("commit"))
+    return out
+
+
+def fleet(named: list[tuple[str, dict]]) -> list[dict]:
+    """Items on which some hosts differ from the majority: {group, item, majority, differs: {host:
+    value}}, plus the failing hosts' summary and fix for a check. A tie goes to the first file's value."""
+    from collections import Counter
+    values = [(name, host_values(fp)) for name, fp in named]
+    checks = {name: {c["name"]: c for c in fp.get("checks", [])} for name, fp in named}
+    items = list(dict.fromkeys(k for _, v in values for k in v))
+    rows = []
+    for item in items:
+        per_host = [(name, v.get(item, (None, None))) for name, v in values]
+        seen = [json.dumps(val, sort_keys=True) for _, (_, val) in per_host]
+        if len(set(seen)) == 1:
+            continue
+        counts = Counter(seen)
+        top = max(counts.values())
+        majority = next(s for s in seen if counts[s] == top)
+        groups = {g for _, (g, _) in per_host if g}
+        group = next(g for g in GROUPS if g in groups)
+        row = {"group": group, "item": item, "majority": json.loads(majority),
+               "differs": {name: val for (name, (_, val)), s in zip(per_host, seen) if s != majority}}
+        if item.startswith("check ") and group == FAILURE:
+            cname = item[len("check "):]
+            row["failing"] = {name: {k: checks[name][cname].get(k, "") for k in ("summary", "fix")}
+                              for name, (_, val) in per_host if val == "fail"}
+        rows.append(row)
+    return sorted(rows, key=lambda r: GROUPS.index(r["group"]))
+
+
+def render_fleet(rows: list[dict], names: list[str]) -> str:
+    if not rows:
+        return f"no differences among the {len(names)} hosts\n"
+    odd = sorted({h for r in rows for h in r["differs"]}, key=names.index)
+    titles = {FAILURE: "failures", ABI: "ABI-breaking", SERVING: "serving other weights",
+              VERSION: "versions", OTHER: "other"}
+    wi = max(len(r["item"]) for r in rows)
+    wm = max(len("majority"), *(len(shown(r["majority"])) for r in rows))
+    lines = [f"{len(odd)} of {len(names)} hosts differ from the majority: {', '.join(odd)}",
+             f"  {'group':<13} {'item':<{wi}}  {'majority':<{wm}}  hosts that differ"]
+    for r in rows:
+        differs = ", ".join(f"{h}: {shown(v)}" for h, v in r["differs"].items())
+        lines.append(f"  {titles[r['group']]:<13} {r['item']:<{wi}}  {shown(r['majority']):<{wm}}  {differs}")
+        for host, why in r.get("failing", {}).items():
+            lines.append(f"  {'':<13} {'':<{wi}}  on {host}: {why['summary']}"
+                         + (f"; fix: {why['fix']}" if why["fix"] else ""))
+    return "\n".join(lines) + "\n"
+
+
+def host_names(paths: list[str], fps: list[dict]) -> list[str]:
+    """Each host's hostname when those are distinct, else the files as given."""
+    names = [dig(fp, "host.hostname") for fp in fps]
+    return names if all(names) and len(set(names)) == len(names) else list(paths)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("diff", help="compare two fingerprints saved by `doctor --save` "
                                            "(or the hosts of two `smoke --json` results)",
                               description=__doc__.splitlines()[0])
     p.add_argument("a", metavar="A.json")
     p.add_argument("b", metavar="B.json")
+    p.add_argument("more", nargs="*", metavar="C.json",
+                   help="more hosts: one table of how each differs from the majority")
     p.add_argument("--json", action="store_true", help="print the differences as JSON")
     p.set_defaults(func=run)
 
 
+def run_fleet(args) -> int:
+    paths = [args.a, args.b, *args.more]
+    fps = [fingerprint.load(p) for p in paths]
+    names = host_names(paths, fps)
+    rows = fleet(list(zip(names, fps)))
+    bad = any(r["group"] in (FAILURE, ABI, SERVING) for r in rows)
+    if args.json:
+        sys.stdout.write(json.dumps({"hosts": dict(zip(names, paths)), "breaking": bad, "differences": rows},
+                                    indent=2, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(render_fleet(rows, names))
+    return errors.FAILED if bad else errors.OK
+
+
 def run(args) -> int:
+    if args.more:
+        return run_fleet(args)
     a, b = fingerprint.load(args.a), fingerprint.load(args.b)
     rows = differences(a, b)
     abi = any(r["group"] == ABI for r in rows)

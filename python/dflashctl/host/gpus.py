@@ -18,6 +18,7 @@ serve read that file instead of NVML (tests; looking at another host's answers).
 
 import datetime
 import json
+import math
 import os
 import socket
 from pathlib import Path
@@ -141,8 +142,34 @@ def holders(gpu: dict) -> str:
     return f"{describe_processes(gpu)} and {hidden}" if procs else hidden
 
 
-def check_claim(result: dict, indices: list[int], fraction: float, how: str) -> probes.Check:
-    """Refuse when a GPU of the instance has less free memory than SGLang will claim on it."""
+def sglang_pool_mib(free_mib: int, total_mib: int, fraction: float) -> int:
+    """What SGLang 0.5.11 gives weights + KV cache: the memory free at its start minus (1 - f) x the
+    GPU's total (on the H200 a second instance with the first one's memFractionStatic on the same GPU
+    got less than nothing and stopped with "Not enough memory"; 0.2 then 0.5 both ran)."""
+    return int(free_mib - (1 - fraction) * total_mib)
+
+
+def fitting_fraction(free_mib: int, total_mib: int) -> float | None:
+    """The smallest memFractionStatic (2 decimals) whose pool is positive, or None when none is below 1."""
+    f = math.floor((1 - free_mib / total_mib) * 100 + 1) / 100
+    return f if f < 1 else None
+
+
+def _fraction_range(free_mib: int, total_mib: int) -> tuple[float, float] | None:
+    """memFractionStatic values meeting both rules of check_claim (None: none does)."""
+    lo, hi = fitting_fraction(free_mib, total_mib), math.floor(free_mib / total_mib * 100) / 100
+    return (lo, hi) if lo is not None and lo <= hi else None
+
+
+def check_claim(result: dict, indices: list[int], fraction: float, how: str,
+                shared: bool = False) -> probes.Check:
+    """Refuse when SGLang would not fit on a GPU of the instance.
+
+    Two rules. SGLang's own (always): its pool, free - (1 - f) x total, must be positive, or it stops
+    with "Not enough memory" after loading the weights. Ours, unless the instance shares its GPUs
+    (`shared`, allowSharedGpus): the f x total it was sized for must be free, so other work does not
+    shrink it.
+    """
     name = "gpu-memory"
     if not result.get("ok"):
         return probes.warn(name, f"GPU memory not checked: NVML gave no answers ({probes.failure_text(result)})",
@@ -154,24 +181,54 @@ def check_claim(result: dict, indices: list[int], fraction: float, how: str) -> 
         return probes.fail(name, f"GPU {', '.join(map(str, absent))} not found: NVML sees "
                            f"{len(by_index)} GPU(s) ({', '.join(map(str, sorted(by_index))) or 'none'})",
                            "list GPUs this host has in gpus (nvidia-smi -L)", errors.CONFIG)
-    busy, fine, loaded = [], [], []
+    busy, short, fine, loaded = [], [], [], []
+    fits, ranges = [], []  # per failing GPU: the smallest fraction SGLang fits with; both rules' range
     for i in indices:
         g = by_index[i]
         mem = g["memory_mib"]
         need = int(fraction * mem["total"])
+        pool = sglang_pool_mib(mem["free"], mem["total"], fraction)
         where = f"GPU {i} ({g['name']}): {_mib(mem['free'])} free of {_mib(mem['total'])}"
-        if mem["free"] < need:
+        if not shared and mem["free"] < need:  # ours first: the words serve printed live on the H200
             busy.append(f"{where}, SGLang claims {_mib(need)} ({how}); held by {holders(g)}")
+            ranges.append(_fraction_range(mem["free"], mem["total"]))
+        elif fraction and pool <= 0:
+            short.append(f"{where}; SGLang's pool for weights and KV cache would be {_mib(mem['free'])} free "
+                         f"- (1 - {fraction:g}) x {_mib(mem['total'])} = {pool / 1024:.1f} GiB ({how}), "
+                         f"so SGLang would stop with \"Not enough memory\"; held by {holders(g)}")
+            fits.append(fitting_fraction(mem["free"], mem["total"]) if shared
+                        else _fraction_range(mem["free"], mem["total"]))
         else:
-            fine.append(f"{where}, SGLang claims {_mib(need)} ({how})")
+            fine.append(f"{where}, SGLang claims {_mib(need if not shared else min(need, pool))} ({how})")
             util = (g.get("utilization_percent") or {}).get("gpu") or 0
             if util > 0 or g.get("processes"):
                 loaded.append(f"GPU {i} is {util} % busy: {describe_processes(g)}")
-    if busy:
-        return probes.fail(name, "; ".join(busy),
-                           "stop the processes holding it, give the instance free GPUs (gpus), or lower "
-                           "memFractionStatic so the claim fits; `dflashctl doctor` lists every GPU's processes",
+    if short:
+        if not all(fits):
+            fix = ("no memFractionStatic fits on this GPU now (SGLang's pool needs a larger one, and "
+                   + ("any larger one is refused unless f x total is free; set allowSharedGpus to share"
+                      if not shared else "none is below 1") + "): stop the processes holding it")
+        elif shared:
+            fix = (f"set memFractionStatic to at least {max(fits):.2f} plus the weights' share of the GPU "
+                   "(the pool holds the weights and the KV cache), or free the GPU")
+        else:
+            lo, hi = max(r[0] for r in fits), min(r[1] for r in fits)
+            fix = (f"set memFractionStatic from {lo:.2f} (plus the weights' share of the GPU) to {hi:.2f}"
+                   if lo <= hi else "free the GPU: no memFractionStatic fits on all of its GPUs")
+        return probes.fail(name, "; ".join(short), fix + "; `dflashctl doctor` lists every GPU's processes",
                            errors.PREFLIGHT_GPU_BUSY)
+    if busy:
+        if all(ranges):
+            lo, hi = max(r[0] for r in ranges), min(r[1] for r in ranges)
+            lower = (f"set memFractionStatic from {lo:.2f} to {hi:.2f} (both rules fit: SGLang's pool, free - "
+                     "(1 - f) x total, stays positive and f x total is free)" if lo <= hi else None)
+        else:
+            lower = None
+        return probes.fail(name, "; ".join(busy),
+                           "stop the processes holding it, give the instance free GPUs (gpus), or "
+                           + (lower or "free it: no memFractionStatic fits next to that work (a lower one "
+                              "leaves SGLang's pool, free - (1 - f) x total, at or below zero)")
+                           + "; `dflashctl doctor` lists every GPU's processes", errors.PREFLIGHT_GPU_BUSY)
     if loaded:
         return probes.warn(name, "; ".join(fine + loaded),
                            "other work shares these GPUs: expect lower throughput; move one of them")

@@ -1,10 +1,10 @@
 """Preflight: is the GPU memory this instance's SGLang will claim free? (host/gpus.py reads NVML)
 
-SGLang 0.5.11 sizes its KV cache from the memory free when it starts (rest = free after the weights
-- free before x (1 - mem_fraction_static)), so memory another process holds does not always stop it
-at once: it shrinks the KV cache, or fails with "Not enough memory" after the weights have loaded,
-and it shares the GPU's compute. The instance's memFractionStatic (or SGLang's default for this GPU)
-is the share of the GPU it was sized for, so that much must be free before SGLang starts.
+SGLang 0.5.11 sizes its pool for weights and KV cache from the memory free when it starts: free -
+(1 - mem_fraction_static) x the GPU's total (host/gpus.sglang_pool_mib). Memory another process
+holds shrinks that pool, and when it leaves none SGLang fails with "Not enough memory" after the
+weights have loaded: refused here, naming the memFractionStatic that would fit. An instance that does
+not share its GPUs (allowSharedGpus false) must also find the f x total it was sized for free.
 """
 
 
@@ -45,4 +45,4 @@ def preflight_check(cfg: InstanceConfig, python: str, child_env: dict[str, str],
     if not result.get("ok"):
         return gpus.check_claim(result, indices, 0.0, "")
     fraction, how = claimed_fraction(cfg, result["facts"], indices)
-    return gpus.check_claim(result, indices, fraction, how)
+    return gpus.check_claim(result, indices, fraction, how, shared=cfg.allow_shared_gpus)

@@ -69,6 +69,34 @@ def cross_rules(cfgs: list[InstanceConfig]) -> list[str]:
     return out
 
 
+def shared_gpu_warnings(cfgs: list[InstanceConfig]) -> list[str]:
+    """Instances sharing a GPU that cannot restart while the others run (SGLang 0.5.11's pool:
+    free - (1 - f) x total > 0 needs f above the sum of the others' fractions). Without a
+    memFractionStatic SGLang takes about 0.9 of the GPU (host/gpus.py), counted as such here."""
+    texts = unit_text.warning_texts()
+    by_gpu: dict[int, list[InstanceConfig]] = {}
+    for c in cfgs:
+        for g in c.gpus:
+            by_gpu.setdefault(g, []).append(c)
+    out, said = [], set()
+    for gpu, group in sorted(by_gpu.items()):
+        if len(group) < 2:
+            continue
+        share = {c.name: c.mem_fraction_static or 0.9 for c in group}
+        for c in group:
+            others = [o for o in group if o.name != c.name]
+            total = sum(share[o.name] for o in others)
+            if share[c.name] > total or c.name in said:
+                continue
+            said.add(c.name)
+            out.append(unit_text.fill(
+                texts["sharedGpuRestart"], name=c.name, gpu=str(gpu),
+                fraction=f"memFractionStatic {c.mem_fraction_static:g}" if c.mem_fraction_static
+                else "SGLang's default memFractionStatic, about 0.9",
+                others=", ".join(f"'{o.name}'" for o in others), total=f"{total:g}"))
+    return out
+
+
 def package_rules(cfgs: list[InstanceConfig], python: str) -> list[str]:
     """Algorithms the deployed SGLang must have (DDTREE needs a patched SGLang)."""
     wanted = {c.speculative.algorithm for c in cfgs} - {None}
@@ -110,7 +138,7 @@ def check(data, python: str | None = None) -> tuple[list[str], list[str], list[I
         errors += cross_rules(cfgs)
         if python is not None:
             errors += package_rules(cfgs, python)
-    warnings = [w for c in cfgs for w in warnings_for(c)]
+    warnings = [w for c in cfgs for w in warnings_for(c)] + shared_gpu_warnings(cfgs)
     return errors, warnings, cfgs
 
 

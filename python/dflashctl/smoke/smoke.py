@@ -25,7 +25,8 @@ from dflashctl.errors import (DRAFTS_REJECTED, FAILED, GRAMMAR_VIOLATION, NOT_LO
                               DflashError)
 from dflashctl.host import hub_cache
 from dflashctl.service import sglang_features
-from dflashctl.smoke import acceptance, grammar, identity, jit_prewarm, loadgen, oracle, startup, synthetic, tokenizer
+from dflashctl.smoke import (acceptance, grammar, identity, jit_prewarm, loadgen, oracle, router_info, startup,
+                             synthetic, tokenizer)
 from dflashctl.smoke.report import RunResult, summarise, table
 from dflashctl.smoke.servers import (SPECULATIVE, Fleet, RunSpec, driver_note, first_start_note, free_gpu_mib,
                                      kv_tokens, memory_plan, say, server_demand_mib, start_server, stop_all)
@@ -231,7 +232,7 @@ def measure(run: str, algorithm: str | None, ep: loadgen.Endpoint, plan: Plan, a
                                  recordings)
         conc.name = "concurrent"
         result.phases.append(conc)
-    info = loadgen.get_json(ep, "/server_info")
+    info = router_info.server_info(ep)[0]  # through a router: one healthy worker's
     result.server_info = {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
     states = info.get("internal_states") or [{}]
     result.server_info["avg_spec_accept_length"] = (states[0] or {}).get("avg_spec_accept_length")
@@ -396,11 +397,16 @@ def _run_url(a, phases) -> tuple[list[RunResult], Plan]:
             raise DflashError(f"cannot read {a.api_key_file}", e.strerror or str(e),
                               "pass the file that holds the service's API key", USAGE)
     targets = [(a.url, None)] + ([(a.baseline_url, "baseline")] if a.baseline_url else [])
-    results = []
+    results, routers = [], []
     plan = None
     for url, forced in reversed(targets):  # the baseline first, as when smoke starts servers
         ep = loadgen.Endpoint(url.rstrip("/"), key)
-        info = loadgen.get_json(ep, "/server_info")
+        info, router = router_info.server_info(ep)
+        if router is not None:
+            plan_router = {**router, "for": forced or "service"}
+            routers.append(plan_router)
+            say(f"{url} is a router in front of " + ", ".join(
+                f"{w['url']} ({'healthy' if w['healthy'] else 'unhealthy'})" for w in router["workers"]))
         algorithm = None if forced == "baseline" else info.get("speculative_algorithm")
         name = forced or algorithm or "baseline"
         if plan is None:
@@ -417,6 +423,8 @@ def _run_url(a, phases) -> tuple[list[RunResult], Plan]:
         results.append(measure(name, algorithm, ep, plan, a, watch=lambda: None))
         phases[f"measure {name}"] = time.monotonic() - t
     plan.settings["runs"] = plan.runs
+    if routers:
+        plan.settings["routers"] = routers  # the result names each router and its workers
     return results, plan
 
 

@@ -17,6 +17,14 @@ and exits 0 on SIGTERM. For the systemd tier (tests/test_systemd.py), also:
                       JIT cache directory dflashctl names (TVM_FFI_CACHE_DIR, CUTE_DSL_CACHE_DIR, ...)
   STANDIN_JIT=1       first compile and run, with `c++` from PATH in $HOME/jit, a program that
                       dlopens a shared library, as SGLang's first start does (exit 5 if that fails)
+Once ready (healthy and die-after-ready modes) it also serves what a router asks of a worker, in
+SGLang 0.5.11's JSON shapes: GET /health, /v1/models, /model_info, /server_info; POST /generate and
+/v1/chat/completions, each as JSON or as a server-sent event stream ("stream": true). Every answer
+names the port that served it (`meta_info.id` / `id` start with "standin-<port>-"), so a test can
+count where a router sent each request. STANDIN_TOKEN_DELAY seconds pass per generated token
+(default 0). Bad requests get SGLang's answers: 400 for JSON that does not parse, for empty
+`input_ids`, or for more than STANDIN_CONTEXT (default 4096) input tokens; 401 to a POST without
+`Authorization: Bearer $STANDIN_API_KEY` when that is set (SGLang's --api-key).
 """
 
 import http.server
@@ -56,9 +64,120 @@ print(f"standin: mode={mode} port={port}", flush=True)
 print("standin: Loading safetensors checkpoint shards", flush=True)
 
 
+MODEL = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--served-model-name"),
+             next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model-path"), "standin-model"))
+token_delay = float(os.environ.get("STANDIN_TOKEN_DELAY", "0"))
+context = int(os.environ.get("STANDIN_CONTEXT", "4096"))
+counter = iter(range(1, 1 << 62))
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
+    def ready(self) -> bool:
+        return time.monotonic() - started >= ready_after and mode in ("healthy", "die-after-ready")
+
+    def send_json(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def worker_get(self) -> bool:
+        """The GET routes a router polls; False when the path is not one of them."""
+        if self.path == "/health":
+            self.send_response(200 if self.ready() else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/v1/models":
+            self.send_json(200, {"object": "list", "data": [
+                {"id": MODEL, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+                 "root": MODEL, "max_model_len": context}]})
+        elif self.path in ("/model_info", "/get_model_info"):
+            self.send_json(200, {"model_path": MODEL, "tokenizer_path": MODEL, "is_generation": True,
+                                 "preferred_sampling_params": None, "weight_version": "default"})
+        elif self.path in ("/server_info", "/get_server_info"):
+            self.send_json(200, {"model_path": MODEL, "served_model_name": MODEL, "port": port,
+                                 "host": host, "tp_size": 1, "dp_size": 1, "version": "0.5.11",
+                                 "internal_states": [{"avg_spec_accept_length": None}]})
+        else:
+            return False
+        return True
+
+    def do_POST(self):
+        if not self.ready() or self.path not in ("/generate", "/v1/chat/completions"):
+            self.send_json(404 if self.ready() else 503, {"error": {"message": f"no route {self.path}"}})
+            return
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        key = os.environ.get("STANDIN_API_KEY")
+        if key and self.headers.get("Authorization") != f"Bearer {key}":
+            self.send_json(401, {"error": {"message": "Unauthorized", "code": 401}})
+            return
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("not an object")
+        except ValueError as e:
+            self.send_json(400, {"error": {"message": f"JSON decode error: {e}", "code": 400}})
+            return
+        if self.path == "/generate":
+            ids = body.get("input_ids")
+            n_in = len(ids) if isinstance(ids, list) else len(str(body.get("text", "")).split())
+            if isinstance(ids, list) and not ids:
+                self.send_json(400, {"error": {"message": "input_ids is empty", "code": 400}})
+                return
+            n_out = int((body.get("sampling_params") or {}).get("max_new_tokens", 16))
+        else:
+            n_in = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+            n_out = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        if n_in > context:
+            self.send_json(400, {"error": {"message": f"The input ({n_in} tokens) is longer than the "
+                                           f"model's context length ({context} tokens).", "code": 400}})
+            return
+        self.answer(self.path, body, f"standin-{port}-{next(counter)}", n_in, max(n_out, 0))
+
+    def answer(self, path: str, body: dict, rid: str, n_in: int, n_out: int) -> None:
+        t0 = time.monotonic()
+        chat = path == "/v1/chat/completions"
+
+        def piece(i: int, last: bool) -> dict:
+            finish = {"type": "length", "length": n_out} if last else None
+            if chat:
+                return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+                        "model": MODEL, "choices": [{"index": 0, "delta": {"content": f" t{i}"},
+                                                     "finish_reason": "length" if last else None}]}
+            return {"text": "".join(f" t{j}" for j in range(i + 1)), "output_ids": list(range(i + 1)),
+                    "meta_info": {"id": rid, "finish_reason": finish, "prompt_tokens": n_in,
+                                  "completion_tokens": i + 1, "cached_tokens": 0,
+                                  "e2e_latency": time.monotonic() - t0}}
+
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            for i in range(n_out):
+                time.sleep(token_delay)
+                self.wfile.write(b"data: " + json.dumps(piece(i, i == n_out - 1)).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
+        time.sleep(token_delay * n_out)
+        if not chat:
+            out = piece(n_out - 1, True) if n_out else piece(-1, True)
+            self.send_json(200, out)
+            return
+        text = "".join(f" t{i}" for i in range(n_out))
+        self.send_json(200, {"id": rid, "object": "chat.completion", "created": int(time.time()),
+                             "model": MODEL, "choices": [{"index": 0, "finish_reason": "length",
+                                                          "message": {"role": "assistant", "content": text}}],
+                             "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
+                                       "total_tokens": n_in + n_out}})
+
     def do_GET(self):
         ready = time.monotonic() - started >= ready_after
+        if self.path != "/health_generate" and self.ready() and self.worker_get():
+            return
         if self.path == "/health_generate" and ready and mode in ("healthy", "die-after-ready"):
             if os.environ.get("STANDIN_OK_FILE"):  # written before the 200 leaves: tests order on it
                 with open(os.environ["STANDIN_OK_FILE"], "a") as f:

@@ -1,0 +1,151 @@
+"""`dflashctl router-unit --instance FILE ...`: the router's systemd unit and settings (hosts without NixOS).
+
+The workers are the instances whose settings files are given (this host's enabled ones), plus any
+`remoteWorkers` of other hosts in `--settings`. The directives come from data/router-unit.json (the
+Nix twin, nix/lib/router-unit.nix, reads the same file). The unit is ordered after the instances'
+units with Wants= (never Requires=): the router stays up, and keeps serving, while some are down.
+"""
+
+import json
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from dflashctl.errors import CONFIG, OK, DflashError
+from dflashctl.service import config, router, unit, unit_text
+from dflashctl.service.unit_text import router_unit_data
+
+UNIT_NAME = "dflash-router.service"
+
+
+def _refuse(what: str, why: str, fix: str) -> DflashError:
+    return DflashError(what, why, fix, CONFIG)
+
+
+def settings_for(instances: list[config.InstanceConfig], given: dict) -> dict:
+    """The router settings: `given` (any router key, plus remoteWorkers) over the defaults, with the
+    instances as workers and their units to order after. Raises DflashError(CONFIG)."""
+    given = dict(given)
+    remote = given.pop("remoteWorkers", [])
+    if "workers" in given:
+        raise _refuse("--settings must not list workers", "they are the instances given with --instance",
+                      "pass each instance's settings file with --instance; other hosts' workers go in "
+                      "remoteWorkers")
+    if not isinstance(remote, list):
+        raise _refuse("remoteWorkers must be a list of URLs", f"got {json.dumps(remote)[:80]}",
+                      'write e.g. "remoteWorkers": ["http://10.0.0.2:30000"]')
+    names = [c.name for c in instances]
+    if len(set(names)) != len(names):
+        raise _refuse("two --instance files name the same instance", ", ".join(sorted(names)),
+                      "give each instance once")
+    keys = sorted({c.api_key_file for c in instances if c.api_key_file})
+    if len(keys) > 1 or (keys and given.get("apiKeyFile") not in (None, keys[0])):
+        raise _refuse("the instances' API keys differ from each other or from the router's",
+                      "sglang-router 0.3.2 checks clients against one key (apiKeyFile) and sends that same "
+                      f"key to every worker; the files are {', '.join(keys + [given.get('apiKeyFile') or ''])}",
+                      "give every instance and the router one apiKeyFile")
+    if keys and "apiKeyFile" not in given:
+        given["apiKeyFile"] = keys[0]
+    settings = {**given, "workers": [c.base_url for c in instances] + remote,
+                "instanceUnits": [unit.unit_name(c) for c in instances]}
+    cfg = router.from_dict(settings)
+    taken = {p: c.name for c in instances for p in (c.port, c.port + config.GRPC_PORT_OFFSET)}
+    for key, port in (("port", cfg.port), ("metricsPort", cfg.metrics_port)):
+        if port in taken:
+            raise _refuse(f"the router's {key} {port} clashes with instance {taken[port]!r}",
+                          "an instance uses its port and, for SGLang's gRPC server, port + 10000",
+                          f"set {key} in --settings to a free port (default 30080 / 30081)")
+    return router.to_dict(cfg)
+
+
+def _loopback_only(cfg: router.RouterConfig) -> bool:
+    hosts = [cfg.host, cfg.metrics_host] + [urlsplit(u).hostname for u in cfg.workers]
+    return all(h in router.LOOPBACK for h in hosts)
+
+
+def render(settings: dict, settings_path: str, dflashctl: str, python: str, systemd: int | None = None) -> str:
+    """The unit text of dflash-router.service for `settings` (from settings_for)."""
+    data = router_unit_data()
+    cfg = router.from_dict(settings)
+    for flag, path in (("--dflashctl", dflashctl), ("--python", python)):
+        bad = unit_text.exec_path_problem(path)
+        if bad:
+            raise _refuse(f"{flag} {path!r} cannot go into ExecStart", bad,
+                          f"pass {flag} as a plain absolute path")
+    bad = unit_text.control_problem(settings_path)
+    if bad:
+        raise _refuse(f"--settings-path {settings_path!r} cannot go into ExecStart", bad,
+                      "pass a path without control characters")
+    after = data["unit"]["After"] + list(cfg.instance_units)
+    unit_section = {**data["unit"], "After": after, "Wants": data["unit"]["Wants"] + list(cfg.instance_units)}
+    service = dict(data["service"])
+    service["ExecStart"] = unit_text.command_line([dflashctl, "router", "--config", settings_path,
+                                                   "--python", python])
+    service["ExecReload"] = unit_text.command_line([dflashctl, "router", "--config", settings_path,
+                                                    "--python", python, "--sync"])
+    service["TimeoutStopSec"] = f"{cfg.drain_sec + data['stopMarginSec']}s"
+    credentials = [f"{data[key]}:{unit_text.specifiers(path)}" for key, path in
+                   (("apiKeyCredential", cfg.api_key_file), ("adminApiKeyCredential", cfg.admin_api_key_file))
+                   if path]
+    if credentials:
+        service["LoadCredential"] = credentials
+    if _loopback_only(cfg):
+        service.update({k: v for k, v in data["ipAddress"].items() if not k.startswith("_")})
+    head = ["# Rendered by `dflashctl router-unit` from dflashctl/service/data/router-unit.json.",
+            "# Settings: " + settings_path,
+            "# Workers: " + " ".join(cfg.workers)]
+    unit_section["Description"] = unit_text.specifiers(unit_section["Description"])
+    lines = head + unit._section("Unit", unit_section, data["why"]) + [""] \
+        + unit._section("Service", service, data["why"]) + [""] \
+        + unit._section("Install", data["install"], data["why"])
+    return "\n".join(lines) + "\n"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("router-unit", help="render the router's unit and settings (hosts without NixOS)",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--instance", action="append", default=[], metavar="FILE",
+                   help="an instance's settings JSON (repeat for each instance behind the router)")
+    p.add_argument("--settings", metavar="FILE",
+                   help="router settings JSON to start from (port, keys, policy, remoteWorkers, ...)")
+    p.add_argument("--dflashctl", default=None, metavar="PATH",
+                   help="absolute path of dflashctl on the host (default: this one)")
+    p.add_argument("--python", required=True, metavar="PATH",
+                   help="the router environment's interpreter (sglang-router 0.3.2, nix/router-lock.json)")
+    p.add_argument("--settings-path", metavar="PATH",
+                   help=f"where the router settings will live (default: {router_unit_data()['settingsPath']})")
+    p.add_argument("--systemd", type=int, metavar="VERSION", help="target systemd version (default: this host's)")
+    p.add_argument("--output", "-o", metavar="PATH", help="write the unit here instead of stdout")
+    p.add_argument("--settings-output", metavar="PATH", help="write the router settings here")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if not args.instance:
+        raise _refuse("no instance given", "the router needs at least one worker",
+                      "pass --instance /etc/dflash/<name>.json for each instance of this host")
+    instances = [config.load(f) for f in args.instance]
+    given = config.read_json(args.settings) if args.settings else {}
+    if not isinstance(given, dict):
+        raise _refuse(f"{args.settings} is not a JSON object", "router settings are an object",
+                      "write e.g. {\"port\": 30080}")
+    settings = settings_for(instances, given)
+    settings_path = args.settings_path or router_unit_data()["settingsPath"]
+    dflashctl = args.dflashctl or unit._default_dflashctl()
+    text = render(settings, settings_path, dflashctl, args.python, args.systemd)
+    body = json.dumps(settings, indent=2) + "\n"
+    if args.settings_output:
+        Path(args.settings_output).write_text(body)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    cfg = router.from_dict(settings)
+    print(f"\nInstall on the host (as root):\n"
+          + (f"  install -D -m 0644 {args.settings_output} {settings_path}\n" if args.settings_output else
+             f"  install -D -m 0644 /dev/stdin {settings_path} <<'JSON'\n{body}JSON\n")
+          + f"  install -m 0644 {args.output or UNIT_NAME} /etc/systemd/system/{UNIT_NAME}\n"
+          f"  systemctl daemon-reload && systemctl enable --now {UNIT_NAME}\n"
+          f"  curl -s {cfg.url}/workers   # each instance, is_healthy once it answers /health",
+          file=sys.stderr)
+    return OK

@@ -1,0 +1,235 @@
+"""Real processes for the router tests and benchmark: stand-in SGLang workers, the real router, load.
+
+Everything listens on and talks to 127.0.0.1 only. The router is started the way its unit starts
+it, `dflashctl router --config FILE --python PYTHON` (which execs sglang-router 0.3.2), so the flags
+under test are the ones `service/router.py` writes. Load is closed-loop: each client sends its next
+request when the previous one is answered, bounded by a request count and a deadline.
+"""
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    [str(REPO / "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+
+
+def free_port(at_most: int = 65535) -> int:
+    """A free port on 127.0.0.1; `at_most` 55535 for an instance (SGLang takes port + 10000 too)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port <= at_most:
+            return port
+    raise RuntimeError(f"no free port at or below {at_most}")
+
+
+def request(url: str, method: str = "GET", body=None, headers: dict | None = None,
+            timeout: float = 30.0) -> tuple[int, bytes]:
+    """(status, body); a transport error is status 0 with the error as the body."""
+    parts = urlsplit(url)
+    host, port, path = parts.hostname, parts.port, parts.path or "/"
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    hdrs = {"Content-Type": "application/json"} if data is not None else {}
+    hdrs.update(headers or {})
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request(method, path, body=data, headers=hdrs)
+        r = conn.getresponse()
+        return r.status, r.read()
+    except (OSError, http.client.HTTPException) as e:
+        return 0, repr(e).encode()
+    finally:
+        conn.close()
+
+
+def generate_body(n: int = 4, stream: bool = False) -> dict:
+    return {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": n, "temperature": 0},
+            "stream": stream}
+
+
+def served_by(body: bytes) -> int | None:
+    """The stand-in's port in its answer's id ("standin-<port>-<n>"), JSON or the first SSE event."""
+    text = body.decode(errors="replace")
+    marker = text.find("standin-")
+    if marker < 0:
+        return None
+    return int(text[marker + 8:].split("-", 1)[0])
+
+
+class Standin:
+    """One stand-in SGLang worker on 127.0.0.1:port; kill -9 and restart on the same port."""
+
+    def __init__(self, port: int, log_dir: Path, **env: str):
+        self.port, self.log_dir = port, log_dir
+        self.env = dict(ENV, STANDIN_MODE="healthy", STANDIN_READY_AFTER="0", **env)
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Standin":
+        self.starts += 1
+        log = open(self.log_dir / f"standin-{self.port}-{self.starts}.log", "w")
+        self.proc = subprocess.Popen([sys.executable, str(STANDIN), "--port", str(self.port),
+                                      "--host", "127.0.0.1", "--model-path", "standin-model"],
+                                     env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while request(self.url + "/health", timeout=2)[0] != 200:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"stand-in on {self.port} did not come up (exit {self.proc.poll()})")
+            time.sleep(0.05)
+        return self
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Router:
+    """`dflashctl router` with the given settings (workers etc.), on 127.0.0.1."""
+
+    def __init__(self, settings: dict, tmp: Path, env: dict | None = None):
+        self.settings = {"port": free_port(), "metricsPort": free_port(), **settings}
+        self.tmp, self.env = tmp, dict(ENV, HF_HUB_OFFLINE="1", **(env or {}))
+        self.proc: subprocess.Popen | None = None
+        self.log = tmp / "router.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings['port']}"
+
+    def start(self) -> "Router":
+        path = self.tmp / "router.json"
+        path.write_text(json.dumps(self.settings))
+        self.proc = subprocess.Popen([sys.executable, "-m", "dflashctl", "router", "--config", str(path),
+                                      "--python", sys.executable], env=self.env,
+                                     stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        return self
+
+    def sync(self, **changes) -> subprocess.CompletedProcess:
+        """Rewrite the settings file and run the unit's ExecReload, `dflashctl router --sync`."""
+        self.settings.update(changes)
+        path = self.tmp / "router.json"
+        path.write_text(json.dumps(self.settings))
+        return subprocess.run([sys.executable, "-m", "dflashctl", "router", "--config", str(path),
+                               "--python", sys.executable, "--sync"], env=self.env,
+                              capture_output=True, text=True, timeout=60)
+
+    def workers(self, headers: dict | None = None) -> dict[str, bool]:
+        status, body = request(self.url + "/workers", headers=headers, timeout=5)
+        if status != 200:
+            return {}
+        return {w["url"]: w["is_healthy"] for w in json.loads(body)["workers"]}
+
+    def wait_healthy(self, urls: list[str], timeout: float = 60.0, headers: dict | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self.workers(headers)
+            if all(seen.get(u) for u in urls):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"router exited {self.proc.returncode}: {self.tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"workers {urls} not healthy in the router after {timeout} s "
+                                   f"(it lists {seen}); log: {self.tail()}")
+            time.sleep(0.2)
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> int | None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode if self.proc else None
+
+
+@dataclass
+class Outcome:
+    start: float  # time.monotonic() when sent
+    end: float
+    status: int  # 0: transport error
+    worker: int | None  # the stand-in's port, when it says
+    error: str = ""
+
+
+@dataclass
+class Load:
+    """`clients` closed-loop clients sending `body` to `url` until `stop()`, `max_requests` or `seconds`."""
+
+    url: str
+    body: dict
+    clients: int = 4
+    max_requests: int = 5000
+    seconds: float = 60.0
+    headers: dict = field(default_factory=dict)
+    timeout: float = 60.0
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def __post_init__(self):
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+
+    def _client(self) -> None:
+        deadline = time.monotonic() + self.seconds
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            with self._lock:
+                if len(self.outcomes) >= self.max_requests:
+                    return
+            t0 = time.monotonic()
+            status, body = request(self.url, "POST", self.body, self.headers, self.timeout)
+            out = Outcome(t0, time.monotonic(), status, served_by(body) if status == 200 else None,
+                          "" if status == 200 else body[:300].decode(errors="replace"))
+            with self._lock:
+                self.outcomes.append(out)
+
+    def start(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.outcomes)
+
+    def wait_for(self, predicate, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if predicate(list(self.outcomes)):
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> list[Outcome]:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=self.timeout + 5)
+        with self._lock:
+            return list(self.outcomes)

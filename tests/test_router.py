@@ -1,0 +1,382 @@
+"""The router in front of a host's instances: the real sglang-router 0.3.2 against stand-in SGLang.
+
+Every process is real and on 127.0.0.1: stand-in workers (tests/data/service/standin_server.py,
+SGLang 0.5.11's JSON), and the router as its unit starts it (`dflashctl router`, service/router.py's
+flags and the defaults of data/router-unit.json). Load is bounded by request count and deadline;
+no assertion is about time, only about what was answered and by whom.
+"""
+
+import importlib.util
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dflashctl import cli, errors
+from dflashctl.service import config, router, router_unit, unit_text
+from router_harness import Load, Router, Standin, free_port, generate_body, request, served_by
+
+HAVE_ROUTER = importlib.util.find_spec("sglang_router") is not None
+needs_router = pytest.mark.skipif(
+    not HAVE_ROUTER, reason="sglang-router 0.3.2 is not installed (pip install -e 'python[test]'; tests/run does)")
+
+
+@pytest.fixture
+def workers(tmp_path):
+    started = []
+
+    def make(n: int = 2, **env) -> list[Standin]:
+        for _ in range(n):
+            started.append(Standin(free_port(), tmp_path, **env).start())
+        return started[-n:]
+    yield make
+    for w in started:
+        w.stop()
+
+
+@pytest.fixture
+def make_router(tmp_path):
+    started = []
+
+    def make(ws: list[Standin], **settings) -> Router:
+        env = settings.pop("_env", None)
+        r = Router({"workers": [w.url for w in ws], **settings}, tmp_path, env=env).start()
+        started.append(r)
+        return r
+    yield make
+    for r in started:
+        r.stop()
+
+
+# --- settings and unit (no router process) -----------------------------------------------------------
+
+def instance(name: str, port: int, **extra) -> config.InstanceConfig:
+    return config.from_dict({"name": name, "model": "m", "port": port, **extra})
+
+
+def test_defaults_come_from_the_data_file_and_keep_off_the_instances_port():
+    s = router_unit.settings_for([instance("a", 30000), instance("b", 30001)], {})
+    assert s["workers"] == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
+    assert s["instanceUnits"] == ["dflash-a.service", "dflash-b.service"]
+    data = unit_text.router_unit_data()["defaults"]
+    assert {k: s[k] for k in data} == data
+    assert s["port"] not in (30000, 30001) and s["host"] == s["metricsHost"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("given, instances, fragment", [
+    ({"port": 30001}, [("a", 30001)], "port: 30001 is a worker's port"),
+    ({"metricsPort": 40000}, [("a", 30000)], "clashes with instance 'a'"),  # its gRPC port
+    ({"host": "0.0.0.0"}, [("a", 30000)], "adminApiKeyFile: required when host is '0.0.0.0'"),
+    ({"healthCheckTimeoutSec": 1}, [("a", 30000)], "with 1 the router admitted no worker"),
+    ({"extraArgs": ["--policy", "random"]}, [("a", 30000)], "--policy is set by the setting policy"),
+    ({"workers": ["http://x:1"]}, [("a", 30000)], "must not list workers"),
+    ({"remoteWorkers": ["ftp://x:1"]}, [("a", 30000)], "http://HOST:PORT"),
+    ({"polcy": "random"}, [("a", 30000)], "did you mean 'policy'"),
+])
+def test_bad_router_settings_are_refused_with_the_fix(given, instances, fragment):
+    with pytest.raises(errors.DflashError) as e:
+        router_unit.settings_for([instance(n, p) for n, p in instances], given)
+    assert fragment in str(e.value) and e.value.exit_code == errors.CONFIG
+
+
+def test_instance_keys_must_be_one_key():
+    a = instance("a", 30000, apiKeyFile="/etc/k1")
+    b = instance("b", 30001, apiKeyFile="/etc/k2")
+    with pytest.raises(errors.DflashError, match="one apiKeyFile"):
+        router_unit.settings_for([a, b], {})
+    s = router_unit.settings_for([a, instance("b", 30001, apiKeyFile="/etc/k1")], {})
+    assert s["apiKeyFile"] == "/etc/k1"  # the router reaches the workers with their key
+
+
+def directives(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            k, v = line.split("=", 1)
+            out.setdefault(k, []).append(v)
+    return out
+
+
+def render_cli(tmp_path: Path, settings: dict | None = None, remote=()) -> Path:
+    files = []
+    for name, port in (("a", 30000), ("b", 30001)):
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps({"name": name, "model": "m", "port": port, "gpus": [0],
+                                 "allowSharedGpus": True}))
+        files += ["--instance", str(f)]
+    s = tmp_path / "given.json"
+    s.write_text(json.dumps({**(settings or {}), **({"remoteWorkers": list(remote)} if remote else {})}))
+    out = tmp_path / "dflash-router.service"
+    assert cli.main(["router-unit", *files, "--settings", str(s), "--python", sys.executable,
+                     "--dflashctl", sys.executable, "-o", str(out),
+                     "--settings-output", str(tmp_path / "router.json")]) == 0
+    return out
+
+
+def test_rendered_unit_has_no_gpu_and_survives_a_down_instance(tmp_path):
+    d = directives(render_cli(tmp_path, {"apiKeyFile": "/etc/dflash/key",
+                                         "adminApiKeyFile": "/etc/dflash/admin"}).read_text())
+    assert d["DevicePolicy"] == ["closed"] and "DeviceAllow" not in d and d["PrivateDevices"] == ["true"]
+    assert "dflash-a.service" in d["After"] and "dflash-b.service" in d["Wants"]
+    assert "Requires" not in d and "BindsTo" not in d and "Requisite" not in d
+    stop = int(d["TimeoutStopSec"][0].rstrip("s"))
+    assert stop > json.loads((tmp_path / "router.json").read_text())["drainSec"]
+    assert d["LoadCredential"] == ["router-api-key:/etc/dflash/key", "router-admin-api-key:/etc/dflash/admin"]
+    assert d["IPAddressAllow"] == ["localhost"] and d["IPAddressDeny"] == ["any"]
+    assert "key" not in d["ExecStart"][0].replace("--config", "")  # secrets only as credentials
+
+
+def test_remote_workers_lift_the_loopback_only_rule(tmp_path):
+    d = directives(render_cli(tmp_path, remote=["http://10.0.0.2:30000"]).read_text())
+    assert "IPAddressDeny" not in d
+    assert "http://10.0.0.2:30000" in json.loads((tmp_path / "router.json").read_text())["workers"]
+
+
+def test_router_unit_through_systemd_analyze(tmp_path):
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    path = render_cli(tmp_path)
+    r = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "Unknown key" not in r.stderr and "Unknown section" not in r.stderr, r.stderr
+    r = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", str(path)],
+                       capture_output=True, text=True)
+    score = float(r.stdout.split("Overall exposure level for dflash-router.service: ")[1].split()[0])
+    print(f"router unit exposure: {score}")
+    assert score <= 1.6
+
+
+def test_router_argv_masks_keys(tmp_path, capsys):
+    (tmp_path / "k").write_text("client-secret\n")
+    (tmp_path / "adm").write_text("admin-secret\n")
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"workers": ["http://127.0.0.1:30000"], "apiKeyFile": str(tmp_path / "k"),
+                             "adminApiKeyFile": str(tmp_path / "adm")}))
+    assert cli.main(["router", "--config", str(f), "--python", sys.executable, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    argv = json.loads(out)["argv"]
+    assert "secret" not in out and argv[argv.index("--api-key") + 1] == "***"
+    assert argv[argv.index("--port") + 1] == "30080" and argv[argv.index("--policy") + 1] == "round_robin"
+
+
+# --- the real router --------------------------------------------------------------------------------
+
+@needs_router
+def test_routes_json_and_streaming_across_workers(workers, make_router):
+    ws = workers(2)
+    r = make_router(ws)
+    r.wait_healthy([w.url for w in ws])
+    seen = set()
+    for _ in range(6):
+        status, body = request(r.url + "/generate", "POST", generate_body(3))
+        assert status == 200, body
+        answer = json.loads(body)
+        assert answer["meta_info"]["completion_tokens"] == 3 and answer["text"] == " t0 t1 t2"
+        seen.add(served_by(body))
+    assert seen == {w.port for w in ws}  # round_robin reaches both
+    status, body = request(r.url + "/generate", "POST", generate_body(3, stream=True))
+    events = [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]" and len(events) == 4
+    assert json.loads(events[-2])["meta_info"]["completion_tokens"] == 3
+    chat = {"model": "standin-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+    status, body = request(r.url + "/v1/chat/completions", "POST", chat)
+    assert status == 200, body
+    assert json.loads(body)["choices"][0]["message"]["content"] == " t0 t1"
+    status, body = request(r.url + "/v1/chat/completions", "POST", {**chat, "stream": True})
+    events = [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]) == " t0 t1"
+
+
+@needs_router
+def test_kill9_under_load_fails_no_json_request_and_the_worker_comes_back(workers, make_router):
+    ws = workers(2, STANDIN_TOKEN_DELAY="0.01")
+    victim, survivor = ws
+    r = make_router(ws)
+    r.wait_healthy([w.url for w in ws])
+    load = Load(r.url + "/generate", generate_body(4), clients=4, max_requests=4000, seconds=120).start()
+    assert load.wait_for(lambda o: sum(x.worker == victim.port for x in o) >= 10, 30)
+    victim.kill9()
+    killed = len(load.outcomes)
+    assert load.wait_for(lambda o: len(o) >= killed + 100, 60)  # served on while it is gone
+    victim.start()  # same port, as systemd restarts the unit
+    restarted = len(load.outcomes)
+    came_back = load.wait_for(lambda o: any(x.worker == victim.port for x in o[restarted:]), 60)
+    outcomes = load.stop()
+    failed = [o for o in outcomes if o.status != 200]
+    assert not failed, f"{len(failed)} of {len(outcomes)} failed, first: {failed[0].status} {failed[0].error}"
+    assert came_back, f"the restarted worker was never sent a request; router: {r.workers()}"
+    assert r.workers() == {victim.url: True, survivor.url: True}
+    print(f"kill -9 under load: {len(outcomes)} requests, 0 failed; "
+          f"{sum(o.worker == victim.port for o in outcomes[restarted:])} served by the restarted worker")
+
+
+@needs_router
+@pytest.mark.parametrize("retries", [0, 3])
+def test_a_hung_worker_is_cut_off_by_the_request_timeout(workers, make_router, retries):
+    """With retries (the default), what the hung worker held is answered by the other; without,
+    it is an error, but never a request left hanging."""
+    ws = workers(2)
+    hung, alive = ws
+    r = make_router(ws, requestTimeoutSec=2, retries=retries)
+    r.wait_healthy([w.url for w in ws])
+    hung.proc.send_signal(signal.SIGSTOP)  # listening, accepting, never answering: a stuck GPU
+    try:
+        results = [request(r.url + "/generate", "POST", generate_body(2), timeout=60) for _ in range(6)]
+    finally:
+        hung.proc.send_signal(signal.SIGCONT)
+    codes = [s for s, _ in results]
+    print(f"while one worker hung: {codes}")
+    assert 0 not in codes, "a request hung past the router's timeout (the client gave up at 60 s)"
+    if retries:
+        assert codes == [200] * 6, codes  # timed out on the hung one, then retried on the other
+    else:
+        assert any(s >= 500 for s in codes), codes  # the ones sent to the hung worker: cut off, an error
+    assert all(served_by(b) == alive.port for s, b in results if s == 200)
+    assert request(r.url + "/generate", "POST", generate_body(2))[0] == 200
+
+
+@needs_router
+def test_bad_inputs_get_4xx_and_the_router_keeps_serving(workers, make_router):
+    ws = workers(2, STANDIN_CONTEXT="64")
+    r = make_router(ws)
+    r.wait_healthy([w.url for w in ws])
+    cases = {
+        "malformed JSON": (b'{"input_ids": [1, 2', {}),
+        "wrong content type": (json.dumps(generate_body()).encode(), {"Content-Type": "text/plain"}),
+        "over-long input": ({"input_ids": list(range(100)), "sampling_params": {"max_new_tokens": 1}}, {}),
+        "empty input ids": ({"input_ids": [], "sampling_params": {"max_new_tokens": 1}}, {}),
+        "negative max_new_tokens": ({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}, {}),
+    }
+    codes = {}
+    for what, (body, headers) in cases.items():
+        codes[what] = request(r.url + "/generate", "POST", body, headers)[0]
+    print(f"bad inputs: {codes}")
+    assert all(400 <= c < 500 for c in codes.values()), codes
+    assert [request(r.url + "/generate", "POST", generate_body(2))[0] for _ in range(4)] == [200] * 4
+    assert r.workers() == {w.url: True for w in ws}  # 4xx do not open a worker's circuit
+
+
+@needs_router
+def test_api_keys_for_clients_admin_and_workers(tmp_path, workers, make_router):
+    key, admin = tmp_path / "key", tmp_path / "admin"
+    key.write_text("client-key\n")
+    admin.write_text("admin-key\n")
+    creds = tmp_path / "creds"  # as systemd's LoadCredential lays them out
+    creds.mkdir()
+    (creds / "router-api-key").write_text("client-key\n")
+    (creds / "router-admin-api-key").write_text("admin-key\n")
+    ws = workers(2, STANDIN_API_KEY="client-key")  # the instances' own --api-key
+    r = make_router(ws, apiKeyFile="/nonexistent/only-the-credential-is-read",
+                    adminApiKeyFile="/nonexistent/either", _env={"CREDENTIALS_DIRECTORY": str(creds)})
+    adm = {"Authorization": "Bearer admin-key"}
+    r.wait_healthy([w.url for w in ws], headers=adm)
+    assert request(r.url + "/generate", "POST", generate_body(2))[0] == 401
+    status, body = request(r.url + "/generate", "POST", generate_body(2),
+                           {"Authorization": "Bearer client-key"})
+    assert status == 200, body  # and the worker accepted the router's key
+    assert request(r.url + "/workers")[0] == 401
+    assert request(r.url + "/workers", headers={"Authorization": "Bearer client-key"})[0] == 401
+    assert "client-key" not in r.log.read_text() and "admin-key" not in r.log.read_text()
+
+
+@needs_router
+def test_reload_adds_and_removes_workers_without_failing_a_request(workers, make_router):
+    """A configuration change reaches the running router through `systemctl reload` (ExecReload =
+    `dflashctl router --sync`): under load, a new instance is added and an old one removed."""
+    old, new = workers(2, STANDIN_TOKEN_DELAY="0.01")
+    r = make_router([old])
+    r.wait_healthy([old.url])
+    load = Load(r.url + "/generate", generate_body(4), clients=4, max_requests=4000, seconds=120).start()
+    assert load.wait_for(lambda o: len(o) >= 40, 30)
+    done = r.sync(workers=[old.url, new.url])
+    assert done.returncode == 0 and f"added {new.url}" in done.stderr, done.stderr
+    assert load.wait_for(lambda o: any(x.worker == new.port for x in o), 60)
+    done = r.sync(workers=[new.url])
+    assert done.returncode == 0 and f"removed {old.url}" in done.stderr, done.stderr
+    gone = None
+    for _ in range(300):
+        if r.workers() == {new.url: True}:
+            gone = time.monotonic()
+            break
+        time.sleep(0.1)
+    assert gone is not None, r.workers()
+    assert load.wait_for(lambda o: sum(x.start > gone for x in o) >= 100, 60)
+    outcomes = load.stop()
+    failed = [o for o in outcomes if o.status != 200]
+    assert not failed, f"{len(failed)} of {len(outcomes)} failed, first: {failed[0].status} {failed[0].error}"
+    late = [o for o in outcomes if o.start > gone]
+    assert all(o.worker == new.port for o in late)  # the removed one gets nothing sent after it left
+
+
+# --- the Nix twin: nix/lib/router-unit.nix gives the same directives --------------------------------
+
+def sections(text: str) -> dict[str, dict[str, list[str]]]:
+    out, current = {}, None
+    for line in text.splitlines():
+        if line.startswith("[") and line.endswith("]"):
+            current = out.setdefault(line[1:-1], {})
+        elif current is not None and "=" in line and not line.startswith("#"):
+            k, v = line.split("=", 1)
+            current.setdefault(k, []).append(v)
+    return out
+
+
+def nix_sections(settings: dict, tmp_path: Path) -> dict[str, dict[str, list[str]]]:
+    from conftest import nix_or_skip
+    from nixeval import nix_env
+    nix = nix_or_skip()
+    f = tmp_path / "settings.json"
+    f.write_text(json.dumps(settings))
+    lib = Path(__file__).resolve().parent.parent / "nix" / "lib" / "router-unit.nix"
+    expr = (f"(import {lib}).directives {{ settings = builtins.fromJSON (builtins.readFile {f}); "
+            f'dflashctl = "/opt/dflash/bin/dflashctl"; python = "/opt/router env/bin/python"; '
+            f'settingsFile = "/etc/dflash-router.json"; }}')
+    done = subprocess.run([nix, "eval", "--json", "--impure", "--expr", expr], capture_output=True,
+                          text=True, env=nix_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+
+    def lines(v):
+        v = v if isinstance(v, list) else [v]
+        return ["true" if x is True else "false" if x is False else str(x) for x in v]
+    return {sec: {k: lines(v) for k, v in d.items()} for sec, d in json.loads(done.stdout).items()}
+
+
+@pytest.mark.nix
+@pytest.mark.parametrize("given, remote", [
+    ({}, []),
+    ({"apiKeyFile": "/run/keys/50% key", "adminApiKeyFile": "/run/keys/admin", "drainSec": 90}, []),
+    ({"host": "0.0.0.0", "adminApiKeyFile": "/run/keys/admin"}, []),
+    ({}, ["http://10.0.0.2:30000", "http://[fd00::2]:30000"]),
+])
+def test_nix_router_unit_matches_dflashctl(tmp_path, given, remote):
+    settings = router_unit.settings_for([instance("a", 30000), instance("b", 30001)],
+                                        {**given, **({"remoteWorkers": remote} if remote else {})})
+    text = router_unit.render(settings, "/etc/dflash-router.json", "/opt/dflash/bin/dflashctl",
+                              "/opt/router env/bin/python")
+    assert nix_sections(settings, tmp_path) == sections(text)
+
+
+@needs_router
+def test_smoke_through_the_router_names_it_and_its_workers(tmp_path, workers, make_router):
+    """`dflashctl smoke --url ROUTER`: sglang-router 0.3.2 answers 404 to /server_info, so the smoke
+    reads a healthy worker's and records the router with every worker behind it."""
+    ws = workers(2)
+    r = make_router(ws)
+    r.wait_healthy([w.url for w in ws])
+    out = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, "-m", "dflashctl", "smoke", "--url", r.url, "--no-grammar",
+                           "--requests", "2", "--sequential-requests", "1", "--max-new-tokens", "8",
+                           "--json", str(out)], capture_output=True, text=True, timeout=120,
+                          env=r.env)
+    assert done.returncode == 0, done.stderr
+    routers = json.loads(out.read_text())["settings"]["routers"]
+    assert [(x["url"], x["for"]) for x in routers] == [(r.url, "service")]
+    assert sorted(routers[0]["workers"], key=lambda w: w["url"]) == sorted(
+        ({"url": w.url, "healthy": True, "model": "standin-model"} for w in ws), key=lambda w: w["url"])
+    assert f"{r.url} is a router in front of" in done.stderr
