@@ -71,13 +71,12 @@ def exit_code(fp: dict) -> int:
 def run(args) -> int:
     started = time.monotonic()
     print(f"dflashctl doctor: probing {args.python} …", file=sys.stderr)
-    fp = fingerprint.build(args.python, args.lock, args.timeout)
+    fp = fingerprint.build(args.python, args.lock, args.timeout, args.kernels or "",
+                           kernels.model_configs(args.model_config, False))
     if args.model:
         env = dict(os.environ, **({"HF_HOME": args.hf_home} if args.hf_home else {}))
         fp["models"] = [hub_cache.inspect(env, *_repo_rev(m)).to_json() for m in args.model]
         fp["checks"] += [hub_cache.check(m).to_json() for m in fp["models"]]
-    fp["checks"].append(kernels.doctor_check(args.kernels, fp["probes"].get("torch") or {},
-                                             kernels.model_configs(args.model_config, False)).to_json())
     fp["seconds"] = round(time.monotonic() - started, 2)
     text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
     if args.record_nvml:

@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from dflashctl import __version__
 from dflashctl.errors import DflashError
-from dflashctl.host import driver, gpus, probes
+from dflashctl.host import driver, gpus, kernels, probes
 from dflashctl.lock import locate, lockfile
 from dflashctl.systems import current_system
 
@@ -148,10 +148,13 @@ def doctor_checks(results: dict, lock: dict, python_version: str, python: str = 
 
 
 def build(python: str = sys.executable, lock_path: Path | str | None = None,
-          timeout: float = 30.0) -> dict:
+          timeout: float = 30.0, kernels_dir: str | None = None,
+          model_configs: dict[str, dict] | None = None) -> dict:
     """Probe `python` and this host; the fingerprint as a JSON-ready dict. The probes see the
     driver the way serve's SGLang child will: through driver discovery's link directory. Without
-    `lock_path`, the lock this dflashctl belongs to (lock/locate.py)."""
+    `lock_path`, the lock this dflashctl belongs to (lock/locate.py). The prebuilt kernels checked
+    are `kernels_dir` (default $DFLASH_PREBUILT_KERNELS) for `model_configs` (default: the smoke's
+    target), so doctor's and smoke's fingerprints hold the same checks."""
     env, found = driver.locate(dict(os.environ))
     results = probes.run_probes(python, DOCTOR_PROBES, timeout, env)
     py = results.pop("python")
@@ -165,6 +168,11 @@ def build(python: str = sys.executable, lock_path: Path | str | None = None,
     checks = doctor_checks(results, lock, py["facts"]["version"], py["facts"].get("executable", python),
                            driver.check(found))
     checks.append(gpus.doctor_check(gpu))
+    if kernels_dir is None:
+        kernels_dir = os.environ.get(kernels.PREBUILT_ENV)
+    if model_configs is None:
+        model_configs = kernels.model_configs([], False)
+    checks.append(kernels.doctor_check(kernels_dir, results.get("torch") or {}, model_configs))
     return {
         "fingerprint_version": FINGERPRINT_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
