@@ -63,6 +63,7 @@
           services.dflash.dflashctlPackage = lib.mkDefault flakePackages.dflashctl;
           services.dflash.hostCompilerPackage = lib.mkDefault flakePackages.dflash-host-compiler;
           services.dflash.kernelsPackage = lib.mkDefault flakePackages.dflash-kernels;
+          services.dflash.router.package = lib.mkDefault flakePackages.dflash-router-env;
         };
       nixosModules.default = self.nixosModules.dflash;
 
@@ -78,6 +79,8 @@
           dflash-host-compiler = pkgs.dflashHostCompiler;
           # SGLang's JIT kernels for sm90, sm100, sm120, built without a GPU (nix/packages/dflash-kernels.nix).
           dflash-kernels = pkgs.dflash-kernels;
+          # SGLang's router in its own environment (nix/router-lock.json; no torch, no CUDA).
+          dflash-router-env = pkgs.dflash-router-env;
           default = pkgs.dflash-env;
         }
       );

@@ -23,6 +23,8 @@ let
 
   cfg = config.services.dflash;
   serviceUnit = import ./lib/service-unit.nix;
+  routerUnit = import ./lib/router-unit.nix;
+  routerDefaults = routerUnit.data.defaults;
   unitText = import ./lib/unit-text.nix;
   instances = lib.filterAttrs (_: i: i.enable) cfg.instances;
   dflashctl = lib.getExe' cfg.dflashctlPackage "dflashctl";
@@ -439,57 +441,55 @@ let
       );
       serviceConfig = lib.mapAttrs (_: mkDefault) d.Service;
     };
-in
-{
-  options.services.dflash = {
-    package = lib.mkPackageOption pkgs "dflash-env" { } // {
-      description = ''
-        Default Python environment of the pinned stack for every instance (this flake's
-        `packages.<system>.dflash-env`, or one built with a patched SGLang).
-      '';
-    };
-    dflashctlPackage = lib.mkPackageOption pkgs "dflashctl" { };
-    hostCompilerPackage = lib.mkPackageOption pkgs "dflashHostCompiler" { } // {
-      description = ''
-        C/C++ compiler on the units' PATH, which nvcc and tvm-ffi call when SGLang compiles its JIT
-        kernels at the first start (this flake's pinned GCC 14: CUDA 13.0 refuses GCC newer than 15).
-      '';
-    };
-    kernelsPackage = mkOption {
-      type = types.nullOr types.package;
-      default = null;
-      example = literalExpression ''dflash.packages.''${system}.dflash-kernels.override { cudaArchs = [ "sm120" ]; }'';
-      description = ''
-        SGLang's JIT kernels built ahead without a GPU (`dflashctl kernels build`), given to every
-        instance as `DFLASH_PREBUILT_KERNELS` in its settings' environment (an instance's own value
-        wins): a first start loads them instead of compiling for about a minute. A kernel the
-        package lacks (another GPU arch, another model shape, a patched SGLang) is compiled into
-        the instance's cache directory at the first start, as without it. `null`: every host
-        compiles its own at the first start.
-      '';
-    };
-    instances = mkOption {
-      type = types.attrsOf (types.submodule instanceOptions);
-      default = { };
-      example = literalExpression ''
-        {
-          qwen = {
-            model = "Qwen/Qwen3-8B";
-            draftModel = "z-lab/Qwen3-8B-DFlash-b16";
-            speculative.algorithm = "DFLASH";
-            gpus = [ 0 ];
-            port = 30000;
-          };
-        }
-      '';
-      description = ''
-        SGLang instances, typically one per GPU or GPU set; each runs as `dflash-<name>.service`,
-        ready (`Type=notify`) only once it has decoded a token.
-      '';
-    };
-  };
 
-  config = lib.mkIf (instances != { }) {
+  # The router: its settings in /etc (a stable path, so a change of workers alone reloads it),
+  # checked at build time by `dflashctl router --dry-run`, which refuses what it would refuse.
+  rcfg = cfg.router;
+  routerSettings = routerUnit.settings rcfg instances;
+  routerSettingsFile = pkgs.writeText "dflash-router.json" (builtins.toJSON routerSettings);
+  routerPython = "${rcfg.package}/bin/python";
+  routerCheck = pkgs.runCommand "dflash-validate-router" { } ''
+    ${dflashctl} router --config ${routerSettingsFile} --python ${routerPython} --dry-run >/dev/null
+    touch $out
+  '';
+  routerService =
+    let
+      d = routerUnit.directives {
+        settings = routerSettings;
+        inherit dflashctl;
+        python = routerPython;
+        settingsFile = "/etc/${routerEtc}";
+      };
+    in
+    {
+      description = mkDefault d.Unit.Description;
+      after = d.Unit.After;
+      wants = d.Unit.Wants;
+      wantedBy = d.Install.WantedBy;
+      unitConfig = lib.mapAttrs (_: mkDefault) (
+        removeAttrs d.Unit [
+          "Description"
+          "After"
+          "Wants"
+        ]
+      );
+      serviceConfig = lib.mapAttrs (_: mkDefault) d.Service;
+      # Workers added or removed: `systemctl reload` (dflashctl router --sync, no dropped
+      # requests); any other setting: a restart.
+      reloadTriggers = [ (builtins.toJSON (routerSettings.workers)) ];
+      restartTriggers = [ (builtins.toJSON (removeAttrs routerSettings [ "workers" ])) ];
+    };
+  routerEtc = lib.removePrefix "/etc/" routerUnit.data.settingsPath;
+
+  routerOption =
+    type: key: description:
+    mkOption {
+      inherit type description;
+      default = routerDefaults.${key};
+    };
+
+  # Every enabled instance: its unit, the checks and rules, its user and cache directory.
+  instancesConfig = {
     assertions =
       lib.concatLists (lib.mapAttrsToList serviceUnit.assertions instances)
       ++ serviceUnit.sharedCacheAssertions instances;
@@ -528,4 +528,162 @@ in
       lib.mapAttrsToList (_: i: lib.optional i.openFirewall i.port) instances
     );
   };
+in
+{
+  options.services.dflash = {
+    package = lib.mkPackageOption pkgs "dflash-env" { } // {
+      description = ''
+        Default Python environment of the pinned stack for every instance (this flake's
+        `packages.<system>.dflash-env`, or one built with a patched SGLang).
+      '';
+    };
+    dflashctlPackage = lib.mkPackageOption pkgs "dflashctl" { };
+    hostCompilerPackage = lib.mkPackageOption pkgs "dflashHostCompiler" { } // {
+      description = ''
+        C/C++ compiler on the units' PATH, which nvcc and tvm-ffi call when SGLang compiles its JIT
+        kernels at the first start (this flake's pinned GCC 14: CUDA 13.0 refuses GCC newer than 15).
+      '';
+    };
+    kernelsPackage = mkOption {
+      type = types.nullOr types.package;
+      default = null;
+      example = literalExpression ''dflash.packages.''${system}.dflash-kernels.override { cudaArchs = [ "sm120" ]; }'';
+      description = ''
+        SGLang's JIT kernels built ahead without a GPU (`dflashctl kernels build`), given to every
+        instance as `DFLASH_PREBUILT_KERNELS` in its settings' environment (an instance's own value
+        wins): a first start loads them instead of compiling for about a minute. A kernel the
+        package lacks (another GPU arch, another model shape, a patched SGLang) is compiled into
+        the instance's cache directory at the first start, as without it. `null`: every host
+        compiles its own at the first start.
+      '';
+    };
+    router = {
+      enable = mkOption {
+        type = types.bool;
+        default = false;
+        description = ''
+          Run SGLang's router (sglang-router, pinned in nix/router-lock.json) as
+          `dflash-router.service`: one endpoint in front of every enabled instance, which health-checks
+          them, retries a request on another instance and re-admits a restarted one. Its defaults
+          were chosen by measurement (docs/service.md, "Router").
+        '';
+      };
+      package = lib.mkPackageOption pkgs "dflash-router-env" { } // {
+        description = "Python environment with the pinned router (this flake's `dflash-router-env`).";
+      };
+      host = routerOption unitStr "host" "Address clients connect to (`--host`).";
+      port = routerOption types.port "port" "Port clients connect to; not an instance's port.";
+      metricsHost = routerOption unitStr "metricsHost" "Address of the Prometheus metrics.";
+      metricsPort = routerOption types.port "metricsPort" "Port of the Prometheus metrics.";
+      policy = routerOption (types.enum [
+        "round_robin"
+        "cache_aware"
+        "power_of_two"
+        "random"
+      ]) "policy" "How requests are spread over the workers (`--policy`).";
+      healthCheckIntervalSec =
+        routerOption types.ints.positive "healthCheckIntervalSec"
+          "Seconds between health checks of each worker.";
+      healthCheckTimeoutSec =
+        routerOption types.ints.positive "healthCheckTimeoutSec"
+          "Seconds a worker's `/health` may take (at least 2: SGLang's takes about 1 s under load).";
+      healthFailureThreshold =
+        routerOption types.ints.positive "healthFailureThreshold"
+          "Failed checks in a row that take a worker out.";
+      healthSuccessThreshold =
+        routerOption types.ints.positive "healthSuccessThreshold"
+          "Passed checks in a row that bring a worker back.";
+      circuitBreakerFailures =
+        routerOption types.ints.positive "circuitBreakerFailures"
+          "Failed requests in a row that open a worker's circuit breaker.";
+      circuitBreakerOpenSec =
+        routerOption types.ints.positive "circuitBreakerOpenSec"
+          "Seconds an open circuit breaker keeps a worker out.";
+      retries = routerOption types.ints.unsigned "retries" "Retries of a failed request on other workers.";
+      requestTimeoutSec =
+        routerOption types.ints.positive "requestTimeoutSec"
+          "Seconds a request may take before the router gives up on it (a hung GPU).";
+      workerStartupTimeoutSec =
+        routerOption types.ints.positive "workerStartupTimeoutSec"
+          "Seconds a worker down at the router's start is waited for (after that 0.3.2 never adds it).";
+      drainSec =
+        routerOption types.ints.unsigned "drainSec"
+          "Seconds the router lets requests in flight finish when stopped (`TimeoutStopSec` is above it).";
+      apiKeyFile = mkOption {
+        type = types.nullOr unitStr;
+        default = null;
+        example = "/run/secrets/dflash-api-key";
+        description = ''
+          Clients' API key (`Authorization: Bearer`), read through `LoadCredential`. `null`: the
+          instances' own apiKeyFile if they have one (they must share it: sglang-router 0.3.2 sends
+          the key it checks to every worker).
+        '';
+      };
+      adminApiKeyFile = mkOption {
+        type = types.nullOr unitStr;
+        default = null;
+        example = "/run/secrets/dflash-router-admin";
+        description = ''
+          Key of the router's admin API (`/workers`: adding and removing workers), read through
+          `LoadCredential`. Required when {option}`host` is not a loopback address.
+        '';
+      };
+      logLevel = mkOption {
+        type = types.enum [
+          "debug"
+          "info"
+          "warn"
+          "error"
+        ];
+        default = "info";
+        description = "The router's log level.";
+      };
+      remoteWorkers = mkOption {
+        type = types.listOf unitStr;
+        default = [ ];
+        example = [ "http://10.0.0.2:30000" ];
+        description = "Instances of other hosts to route to as well, as `http://HOST:PORT`.";
+      };
+      extraArgs = mkOption {
+        type = types.listOf unitStr;
+        default = [ ];
+        description = "Further sglang-router flags; flags a setting above owns are refused at build time.";
+      };
+      openFirewall = mkOption {
+        type = types.bool;
+        default = false;
+        description = "Open {option}`port` in `networking.firewall.allowedTCPPorts`.";
+      };
+    };
+    instances = mkOption {
+      type = types.attrsOf (types.submodule instanceOptions);
+      default = { };
+      example = literalExpression ''
+        {
+          qwen = {
+            model = "Qwen/Qwen3-8B";
+            draftModel = "z-lab/Qwen3-8B-DFlash-b16";
+            speculative.algorithm = "DFLASH";
+            gpus = [ 0 ];
+            port = 30000;
+          };
+        }
+      '';
+      description = ''
+        SGLang instances, typically one per GPU or GPU set; each runs as `dflash-<name>.service`,
+        ready (`Type=notify`) only once it has decoded a token.
+      '';
+    };
+  };
+
+  config = lib.mkMerge [
+    (lib.mkIf (instances != { }) instancesConfig)
+    (lib.mkIf rcfg.enable {
+      assertions = routerUnit.assertions rcfg instances;
+      system.checks = [ routerCheck ];
+      environment.etc.${routerEtc}.source = routerSettingsFile;
+      systemd.services.dflash-router = routerService;
+      networking.firewall.allowedTCPPorts = lib.optional rcfg.openFirewall rcfg.port;
+    })
+  ];
 }

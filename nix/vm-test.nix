@@ -1,7 +1,8 @@
 # checks.nixos-vm: services.dflash on a booted NixOS machine (a QEMU VM of the NixOS test driver),
 # no GPU. Two hosts: `good` runs an instance whose SGLang is the stand-in server of the tests
 # (tests/data/service/standin_server.py, the Python standard library only) with the probes skipped,
-# and checks start-until-ready, a restart after SGLang dies and a clean stop; `broken` runs the real
+# and checks start-until-ready, a restart after SGLang dies and a clean stop, with SGLang's router
+# (services.dflash.router, the pinned sglang-router) in front of it; `broken` runs the real
 # preflight over a stack whose Python has no torch, and checks that it fails within seconds, says why
 # in the unit's status and is not restarted. Needs nixpkgs and KVM: tier 2 only (docs/nix.md).
 { pkgs, self }:
@@ -33,20 +34,21 @@ let
       STANDIN_READY_AFTER = "2";
     };
   };
-  host = dflashctlPackage: {
+  host = dflashctlPackage: router: {
     imports = [ self.nixosModules.dflash ];
     services.dflash = {
       inherit dflashctlPackage;
       package = noStack;
       instances.a = instance;
+      router.enable = router;
     };
     environment.systemPackages = [ pkgs.curl ];
   };
 in
 pkgs.testers.runNixOSTest {
   name = "dflash-service";
-  nodes.good = host dflashctlStandIn;
-  nodes.broken = host dflashctl;
+  nodes.good = host dflashctlStandIn true;
+  nodes.broken = host dflashctl false;
   testScript = ''
     import time
     unit = "dflash-a.service"
@@ -61,11 +63,18 @@ pkgs.testers.runNixOSTest {
     good.succeed("curl -sf http://127.0.0.1:31000/health_generate")
     assert prop(good, "StatusText").startswith("ready"), prop(good, "StatusText")
 
+    # the router (port 30080) in front of it: a /generate through it reaches the instance
+    body = '{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}'
+    generate = f"curl -sf -H 'Content-Type: application/json' -d '{body}' http://127.0.0.1:30080/generate"
+    good.wait_for_unit("dflash-router.service")
+    assert "standin-31000" in good.wait_until_succeeds(generate, timeout=60)
+
     # SGLang dies: dflashctl exits non-zero and systemd starts it again
     good.succeed("pkill -9 -f standin_server.py")
     good.wait_until_succeeds(f"test $(systemctl show -P NRestarts {unit}) -ge 1", timeout=120)
     good.wait_for_unit(unit)
     good.succeed("curl -sf http://127.0.0.1:31000/health_generate")
+    assert "standin-31000" in good.wait_until_succeeds(generate, timeout=60)  # re-admitted
 
     # a clean stop: SIGTERM through dflashctl, nothing left behind
     good.succeed(f"systemctl stop {unit}")

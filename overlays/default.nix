@@ -6,6 +6,8 @@
 {
   # The lock to build; another lock gives another stack with the same rules.
   lockFile ? ../nix/python-lock.json,
+  # The router's own lock (SGLang's router: no torch, no CUDA), built by the same rules.
+  routerLockFile ? ../nix/router-lock.json,
   # Directory of per-package fix-ups, one file per canonical package name.
   fixupsDir ? ./fixups,
   # Patches applied to the installed sglang package (paths inside the wheel are sglang/...;
@@ -25,9 +27,13 @@ let
   locked = nixLib.lock.packagesFor lock system;
   python = final.python312;
 
-  cyclic = nixLib.graph.cyclic locked;
-  missing = nixLib.graph.missingDependencies locked;
+  # A lock whose dependencies a package set can be built from, or why not.
   consistent =
+    locked:
+    let
+      cyclic = nixLib.graph.cyclic locked;
+      missing = nixLib.graph.missingDependencies locked;
+    in
     if cyclic != [ ] then
       throw "dflash: the lock's dependencies form a cycle through ${lib.concatStringsSep ", " cyclic}; buildPythonPackage cannot build a cycle"
     else if missing != { } then
@@ -38,32 +44,40 @@ let
   fixupFiles = nixLib.fixups.discover fixupsDir;
   buildWheel = final.callPackage ./build-wheel.nix { inherit python; };
 
-  # makeExtensible: users can `.extend` the set (replace one package) before the env is built.
-  packages = lib.makeExtensible (
-    self:
-    builtins.mapAttrs (
-      name: entry:
-      assert consistent;
-      buildWheel {
-        inherit entry;
-        dependencies = map (dep: self.${dep}) entry.dependencies;
-        fixup =
-          if fixupFiles ? ${name} then
-            import fixupFiles.${name} {
-              pkgs = final;
-              inherit lib python;
-              packages = self;
-              driverLink = final.addDriverRunpath.driverLink;
-              options = { inherit sglangPatches sglangPatchFlags sglangSrc; };
-            }
-          else
-            (_: { });
-      }
-    ) locked
-  );
+  # One package per locked wheel. makeExtensible: users can `.extend` the set (replace one
+  # package) before the env is built.
+  packageSet =
+    locked:
+    lib.makeExtensible (
+      self:
+      builtins.mapAttrs (
+        name: entry:
+        assert consistent locked;
+        buildWheel {
+          inherit entry;
+          dependencies = map (dep: self.${dep}) entry.dependencies;
+          fixup =
+            if fixupFiles ? ${name} then
+              import fixupFiles.${name} {
+                pkgs = final;
+                inherit lib python;
+                packages = self;
+                driverLink = final.addDriverRunpath.driverLink;
+                options = { inherit sglangPatches sglangPatchFlags sglangSrc; };
+              }
+            else
+              (_: { });
+        }
+      ) locked
+    );
+  packages = packageSet locked;
+  # Without the dev group: what a host runs.
+  hostNames = locked: builtins.filter (name: !locked.${name}.dev) (builtins.attrNames locked);
+  routerLocked = nixLib.lock.packagesFor (nixLib.lock.read routerLockFile) system;
+  routerPackages = packageSet routerLocked;
   names = builtins.attrNames locked;
   # The host's stack leaves out what only the dev group needs; the dev shell has everything.
-  stack = map (name: packages.${name}) (builtins.filter (name: !locked.${name}.dev) names);
+  stack = map (name: packages.${name}) (hostNames locked);
   devStack = map (name: packages.${name}) names;
 
   # nixpkgs refuses an unfree package one at a time; name them all at once instead.
@@ -98,4 +112,16 @@ in
   # SGLang's JIT kernels built ahead (no GPU), e.g.
   # dflash-kernels.override { cudaArchs = [ "sm120" ]; modelConfigs = [ ./qwen3-8b-config.json ]; }
   dflash-kernels = final.callPackage ../nix/packages/dflash-kernels.nix { };
+  # SGLang's router in its own environment (services.dflash.router; no torch, no CUDA).
+  dflashRouterPackages = routerPackages;
+  dflash-router-env =
+    (python.buildEnv.override {
+      extraLibs = map (name: routerPackages.${name}) (hostNames routerLocked);
+    }).overrideAttrs
+      (old: {
+        name = "dflash-router-env";
+        meta = (old.meta or { }) // {
+          description = "Python 3.12 with the locked sglang-router, in front of a host's DFlash instances";
+        };
+      });
 }

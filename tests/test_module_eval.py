@@ -42,9 +42,10 @@ class Refused(Exception):
     pass
 
 
-def evaluate(instances: dict, host: str | None = None) -> dict:
+def evaluate(instances: dict, host: str | None = None, router: dict | None = None) -> dict:
     args = ["nix-instantiate", "--eval", "--strict", "--json", str(EVAL), "--arg", "lib",
-            f"import {nixpkgs_lib()}", "--argstr", "instancesJSON", json.dumps(instances)]
+            f"import {nixpkgs_lib()}", "--argstr", "instancesJSON", json.dumps(instances),
+            "--argstr", "routerJSON", json.dumps(router or {})]
     with tempfile.TemporaryDirectory(prefix="dflash-host-") as d:
         if host is not None:
             (Path(d) / "host.nix").write_text(host)
@@ -144,3 +145,39 @@ def test_assertions_warnings_and_checks_reach_nixos():
 def test_disabled_instances_have_no_unit():
     out = evaluate({"a": QWEN, "b": {**QWEN, "gpus": [1], "port": 30001, "enable": False}})
     assert list(out["services"]) == ["dflash-a"]
+
+
+# --- services.dflash.router ----------------------------------------------------------------------------
+
+def test_router_wiring_carries_the_pure_directives_and_settings():
+    from test_router import nix_router
+    instances = {"a": QWEN, "b": {**QWEN, "gpus": [1], "port": 30001}}
+    out = evaluate(instances, router={"enable": True, "openFirewall": True, "drainSec": 60})
+    got = out["services"]["dflash-router"]
+    pure = nix_router({"drainSec": 60}, instances)["settings"]
+    assert got["after"] == ["network-online.target", "dflash-a.service", "dflash-b.service"]
+    assert got["wants"] == got["after"]  # Wants=, never Requires=: up while an instance is down
+    service = got["serviceConfig"]
+    assert service["ExecStart"].endswith(" router --config /etc/dflash-router.json --python "
+                                         "/nix/store/00000000000000000000000000000000-dflash-router-env/bin/python")
+    assert service["ExecReload"] == service["ExecStart"] + " --sync"
+    assert service["TimeoutStopSec"] == f"{60 + 15}s" and service["DevicePolicy"] == "closed"
+    assert "DeviceAllow" not in service and service["PrivateDevices"] is True
+    assert out["etc"] == {"dflash-router.json": "/nix/store/11111111111111111111111111111111-dflash-router.json"}
+    # a change of workers reloads the router, any other change restarts it
+    assert json.loads(got["reloadTriggers"][0]) == pure["workers"]
+    assert json.loads(got["restartTriggers"][0]) == {k: v for k, v in pure.items() if k != "workers"}
+    assert "dflash-validate-router" in out["checks"] and 30080 in out["firewall"]
+
+
+def test_router_refusals_are_nixos_assertions():
+    out = evaluate({"a": QWEN}, router={"enable": True, "port": 40000})
+    assert any("services.dflash.router.port: 40000 clashes with instance 'a'" in m
+               for m in out["failedAssertions"])
+    with pytest.raises(Refused) as e:
+        evaluate({"a": QWEN}, router={"enable": True, "policy": "sticky"})
+    assert "services.dflash.router.policy' is not of type" in str(e.value)
+
+
+def test_no_router_unless_enabled():
+    assert "dflash-router" not in evaluate({"a": QWEN})["services"]

@@ -59,7 +59,8 @@ def test_outputs_present_without_nixpkgs():
     assert set(out["formatter"]) == SYSTEMS
     assert "default" in out["overlays"]
     module = {"imports": ["module.nix"],
-              "defaults": ["dflashctlPackage", "hostCompilerPackage", "kernelsPackage", "package"]}
+              "defaults": ["dflashctlPackage", "hostCompilerPackage", "kernelsPackage", "package",
+                           "router"]}
     assert out["nixosModules"] == {"dflash": module, "default": module}
 
 

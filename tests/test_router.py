@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dflashctl import cli, errors
+from dflashctl.errors import DflashError
 from dflashctl.service import config, router, router_unit, unit_text
 from router_harness import Load, Router, Standin, free_port, generate_body, request, served_by
 
@@ -380,3 +381,73 @@ def test_smoke_through_the_router_names_it_and_its_workers(tmp_path, workers, ma
     assert sorted(routers[0]["workers"], key=lambda w: w["url"]) == sorted(
         ({"url": w.url, "healthy": True, "model": "standin-model"} for w in ws), key=lambda w: w["url"])
     assert f"{r.url} is a router in front of" in done.stderr
+
+
+# --- services.dflash.router: the settings and refusals the module gets from nix/lib/router-unit.nix ----
+
+def _router_options(given: dict) -> dict:
+    """Every services.dflash.router setting, as the module passes them (defaults from the data file)."""
+    from dflashctl.service import router
+    base = {**router.defaults(), "apiKeyFile": None, "adminApiKeyFile": None, "logLevel": "info",
+            "extraArgs": [], "remoteWorkers": [], "enable": True, "openFirewall": False}
+    return {**base, **given}
+
+
+def nix_router(given: dict, instances: dict) -> dict:
+    """(settings, failed assertion messages) of the pure functions for `instances` (name -> options)."""
+    import nix_unit
+    from conftest import nix_or_skip
+    from nixeval import nix_env
+    nix = nix_or_skip()
+    full = {n: nix_unit.full_options(n, o) for n, o in instances.items()}
+    lib = Path(__file__).resolve().parent.parent / "nix" / "lib" / "router-unit.nix"
+    expr = (f"let r = import {lib}; o = builtins.fromJSON {json.dumps(json.dumps(_router_options(given)))};"
+            f" i = builtins.fromJSON {json.dumps(json.dumps(full))}; in {{ settings = r.settings o i;"
+            " failed = map (a: a.message) (builtins.filter (a: !a.assertion) (r.assertions o i)); }")
+    done = subprocess.run([nix, "eval", "--json", "--impure", "--expr", expr], capture_output=True,
+                          text=True, env=nix_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+HOST = {"a": {"model": "m", "port": 30000, "gpus": [0]}, "b": {"model": "m", "port": 30001, "gpus": [1]}}
+
+
+@pytest.mark.nix
+@pytest.mark.parametrize("given, instances", [
+    ({}, HOST),
+    ({"port": 31000, "drainSec": 90, "policy": "cache_aware", "remoteWorkers": ["http://10.0.0.2:30000"]}, HOST),
+    ({}, {n: {**o, "apiKeyFile": "/run/keys/k"} for n, o in HOST.items()}),
+    ({"host": "0.0.0.0", "adminApiKeyFile": "/run/keys/admin"}, {"a": {"model": "m", "host": "::"}}),
+], ids=["defaults", "settings-and-remote", "instances-key", "wildcard-hosts"])
+def test_module_router_settings_are_dflashctls(given, instances):
+    got = nix_router(given, instances)
+    assert got["failed"] == []
+    cfgs = [config.from_dict({"name": n, **o}) for n, o in sorted(instances.items())]
+    assert got["settings"] == router_unit.settings_for(cfgs, given)
+
+
+@pytest.mark.nix
+@pytest.mark.parametrize("given, instances, message, python_says", [
+    ({}, {"a": {"model": "m", "apiKeyFile": "/run/k1"}, "b": {"model": "m", "port": 30001, "gpus": [1],
+                                                             "apiKeyFile": "/run/k2"}},
+     "the instances' API keys differ from each other or from the router's", "API keys differ"),
+    ({"apiKeyFile": "/run/r"}, {"a": {"model": "m", "apiKeyFile": "/run/k1"}},
+     "the instances' API keys differ from each other or from the router's", "API keys differ"),
+    ({"port": 40000}, {"a": {"model": "m", "port": 30000}}, "port: 40000 clashes with instance 'a'",
+     "port 40000 clashes with instance 'a'"),
+    ({"metricsPort": 30001}, HOST, "metricsPort: 30001 clashes with instance 'b'", "30001 is a worker's port"),
+], ids=["two-instance-keys", "router-key-differs", "grpc-port", "metrics-port"])
+def test_module_router_refuses_what_dflashctl_refuses(given, instances, message, python_says):
+    got = nix_router(given, instances)
+    assert any(message in m for m in got["failed"]), got["failed"]
+    cfgs = [config.from_dict({"name": n, **o}) for n, o in sorted(instances.items())]
+    with pytest.raises(DflashError) as e:
+        router_unit.settings_for(cfgs, given)
+    assert python_says in str(e.value), str(e.value)
+
+
+@pytest.mark.nix
+def test_module_router_needs_a_worker():
+    got = nix_router({}, {})
+    assert any("services.dflash.router: no workers" in m for m in got["failed"])

@@ -376,8 +376,20 @@ def test_module_declares_dflashctls_settings_with_its_defaults(declared):
     assert declared["speculative"]["algorithm"]["values"] == list(config.ALGORITHMS)
     assert options["grammarBackend"]["values"] == list(config.GRAMMAR_BACKENDS)
     assert declared["top"] == sorted(["package", "dflashctlPackage", "hostCompilerPackage",
-                                      "kernelsPackage", "instances"])
+                                      "kernelsPackage", "instances", "router"])
     assert declared["kernels"] == {"type": "nullOr", "default": None, "hasDefault": True, "values": None}
+
+
+def test_module_declares_the_routers_settings_with_their_defaults(declared):
+    from dflashctl.service import router
+    options = declared["router"]
+    settable = set(router.KEYS) - {"workers", "instanceUnits"}  # workers come from the instances
+    assert set(options) == settable | {"enable", "remoteWorkers", "openFirewall"}
+    for key, value in router.defaults().items():
+        assert options[key]["default"] == value, key
+    assert options["policy"]["values"] == list(router.POLICIES)
+    assert options["logLevel"]["values"] == list(router.LOG_LEVELS)
+    assert options["enable"]["default"] is False and options["remoteWorkers"]["default"] == []
 
 
 def test_module_holds_declarations_and_wiring_only():

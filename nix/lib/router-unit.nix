@@ -1,16 +1,21 @@
 # The router in front of a host's instances as systemd sees it, builtins only: the directives of
 # dflash-router.service from the data file `dflashctl router-unit` renders from
-# (python/dflashctl/service/data/router-unit.json). Not wired into nix/module.nix yet; tier 1
-# (tests/test_router.py) evaluates it with plain `nix eval` and compares it, directive by directive,
-# with `dflashctl router-unit`'s unit.
+# (python/dflashctl/service/data/router-unit.json), the router settings file for a host's
+# instances and the refusals that need no package, for nix/module.nix's services.dflash.router.
+# Tier 1 (tests/test_router.py) evaluates it with plain `nix eval` and compares the settings with
+# `dflashctl router-unit`'s and the directives, directive by directive, with its unit.
 #
-# `settings` is the router settings file's content (every key, as `dflashctl router-unit` writes it:
-# workers, instanceUnits, host, metricsHost, drainSec, apiKeyFile, adminApiKeyFile, ...).
+# A settings file's content holds every key, as `dflashctl router-unit` writes it: workers,
+# instanceUnits, host, metricsHost, drainSec, apiKeyFile, adminApiKeyFile, ...
 let
   inherit (builtins)
     all
+    attrNames
+    concatMap
     elem
     filter
+    head
+    listToAttrs
     match
     ;
 
@@ -63,9 +68,112 @@ let
       ]
       ++ extra
     );
+  # The settings a host sets (router-unit.json's defaults name them); workers come from instances.
+  settingKeys = attrNames data.defaults ++ [
+    "apiKeyFile"
+    "adminApiKeyFile"
+    "logLevel"
+    "extraArgs"
+  ];
+  # An instance's URL as the router reaches it (config.InstanceConfig.base_url).
+  baseUrl =
+    i:
+    let
+      host =
+        {
+          "0.0.0.0" = "127.0.0.1";
+          "::" = "::1";
+        }
+        .${i.host} or i.host;
+    in
+    if match ".*:.*" host != null then
+      "http://[${host}]:${toString i.port}"
+    else
+      "http://${host}:${toString i.port}";
+  instanceKeys =
+    instances:
+    builtins.sort (a: b: a < b) (
+      attrNames (
+        listToAttrs (
+          concatMap (
+            n:
+            optional (instances.${n}.apiKeyFile != null) {
+              name = instances.${n}.apiKeyFile;
+              value = null;
+            }
+          ) (attrNames instances)
+        )
+      )
+    );
 in
 {
   inherit data;
+
+  # The router settings file in front of `instances` (the enabled ones: name -> options), from
+  # `router` (services.dflash.router: every setting, plus remoteWorkers), as `dflashctl router-unit`
+  # writes it: the instances' URLs then the remote workers, their units to order after, and the
+  # instances' API key (sglang-router 0.3.2 sends the one key it checks to every worker).
+  settings =
+    router: instances:
+    let
+      keys = instanceKeys instances;
+    in
+    listToAttrs (
+      map (k: {
+        name = k;
+        value = router.${k};
+      }) settingKeys
+    )
+    // {
+      workers = map (n: baseUrl instances.${n}) (attrNames instances) ++ router.remoteWorkers;
+      instanceUnits = map (n: "dflash-${n}.service") (attrNames instances);
+      apiKeyFile =
+        if router.apiKeyFile != null then
+          router.apiKeyFile
+        else if keys != [ ] then
+          head keys
+        else
+          null;
+    };
+
+  # NixOS assertions of the router in front of `instances` (the rules of `dflashctl router-unit`).
+  assertions =
+    router: instances:
+    let
+      keys = instanceKeys instances;
+      taken = concatMap (
+        n:
+        map (port: {
+          inherit port;
+          name = n;
+        }) [
+          instances.${n}.port
+          (instances.${n}.port + 10000)
+        ]
+      ) (attrNames instances);
+      clash = key: filter (t: t.port == router.${key}) taken;
+    in
+    [
+      {
+        assertion = instances != { } || router.remoteWorkers != [ ];
+        message = "services.dflash.router: no workers; enable an instance (services.dflash.instances) or list remoteWorkers";
+      }
+      {
+        assertion =
+          builtins.length keys <= 1 && (keys == [ ] || elem router.apiKeyFile [
+            null
+            (head keys)
+          ]);
+        message = "services.dflash.router.apiKeyFile: the instances' API keys differ from each other or from the router's (${toString keys}); sglang-router 0.3.2 checks clients against one key and sends that same key to every worker, so give every instance and the router one apiKeyFile";
+      }
+    ]
+    ++ map (key: {
+      assertion = clash key == [ ];
+      message = "services.dflash.router.${key}: ${toString router.${key}} clashes with instance '${(head (clash key)).name}' (an instance uses its port and, for SGLang's gRPC server, port + 10000); choose a free port";
+    }) [
+      "port"
+      "metricsPort"
+    ];
 
   # { Unit, Service, Install }: directive -> value (a list is one line per element). `dflashctl`,
   # `python` (the router environment's interpreter) and `settingsFile` are absolute paths.

@@ -84,6 +84,8 @@ else
     stack = map (p: p.pname) pkgs.dflashStack;
     devStack = map (p: p.pname) pkgs.dflashDevStack;
     envLibs = map (p: p.pname or p) pkgs.dflash-env.extraLibs;
+    # The router's environment from its own lock (nix/router-lock.json, x86_64-linux).
+    routerEnvLibs = map (p: p.pname or p) pkgs.dflash-router-env.extraLibs;
     # nix/dev-shell.nix: its Python environment is the first of the shell's packages.
     devShellLibs = (builtins.head (pkgs.callPackage ../../nix/dev-shell.nix { }).packages).extraLibs;
     unfree = pkgs.dflashUnfreePackages;

@@ -9,6 +9,7 @@
 {
   lib,
   instancesJSON,
+  routerJSON ? "{}",
   host ? { },
 }:
 let
@@ -24,6 +25,7 @@ let
       meta.mainProgram = "dflashctl";
     };
     dflashHostCompiler = package "gcc-wrapper";
+    dflash-router-env = package "dflash-router-env";
     writeText = name: _: "/nix/store/11111111111111111111111111111111-${name}";
     runCommand = name: _: _: package name;
   };
@@ -53,6 +55,8 @@ let
               wants = listOption types.str;
               wantedBy = listOption types.str;
               path = listOption types.unspecified;
+              reloadTriggers = listOption types.unspecified;
+              restartTriggers = listOption types.unspecified;
               unitConfig = mkOption {
                 type = types.attrsOf types.unspecified;
                 default = { };
@@ -64,6 +68,10 @@ let
             };
           }
         );
+      };
+      environment.etc = mkOption {
+        type = types.attrsOf (types.submodule { options.source = mkOption { type = types.str; }; });
+        default = { };
       };
       users.groups = mkOption {
         type = types.attrsOf (types.submodule { });
@@ -103,7 +111,10 @@ let
         ../../../nix/module.nix
         declarations
         host
-        { services.dflash.instances = builtins.fromJSON instancesJSON; }
+        {
+          services.dflash.instances = builtins.fromJSON instancesJSON;
+          services.dflash.router = builtins.fromJSON routerJSON;
+        }
       ];
     }).config;
 in
@@ -116,4 +127,5 @@ in
   groups = builtins.attrNames c.users.groups;
   firewall = c.networking.firewall.allowedTCPPorts;
   checks = map (d: d.name) c.system.checks;
+  etc = builtins.mapAttrs (_: e: e.source) c.environment.etc;
 }

@@ -26,6 +26,7 @@ builtins.trace "stub nixpkgs imported for ${system}" {
         ""
     );
   dflashctl = "dflashctl-${system}";
+  dflash-router-env = "dflash-router-env-${system}";
   dflashHostCompiler = "gcc14-${system}";
   dflash-kernels = "dflash-kernels-${system}";
   nixfmt-tree = "nixfmt-tree-${system}";
