@@ -188,10 +188,14 @@ def test_coverage_names_the_missing_arch_and_shape(tmp_path):
     assert not ok and "Qwen3-8B: 3 of 7 modules" in text
 
 
-def test_smoke_target_is_the_smokes_synthetic_target():
-    from dflashctl.smoke import synthetic
+def test_smoke_targets_are_the_smokes_own_targets():
+    """The oracle pair (the default) and the random-weight pair (the grammar server, --pair random)."""
+    from dflashctl.smoke import oracle, synthetic
     assert kernels.calls_for(kernels.SMOKE_TARGET) == kernels.calls_for(
         synthetic.target_config(synthetic.PairShape()))
+    assert kernels.calls_for(kernels.ORACLE_TARGET) == kernels.calls_for(
+        oracle.target_config(oracle.OracleShape()))
+    assert set(kernels.model_configs([], True)) == set(kernels.SMOKE_TARGETS)
 
 
 @pytest.mark.parametrize("arch,want", [("sm90", "9.0"), ("sm_100", "10.0"), ("sm120", "12.0"), ("8.9", "8.9")])

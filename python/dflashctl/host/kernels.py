@@ -29,6 +29,11 @@ DEFAULT_ARCHS = ["sm90", "sm100", "sm120"]  # H100/H200, B200, RTX PRO 6000 Blac
 # The smoke's synthetic target (smoke/synthetic.py; tests/test_kernels.py keeps the two equal).
 SMOKE_TARGET = {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64,
                 "hidden_size": 1024, "torch_dtype": "bfloat16"}
+# The smoke's default pair (smoke/oracle.py): 16 KV heads, so its KV-cache store differs.
+ORACLE_TARGET = {**SMOKE_TARGET, "num_key_value_heads": 16}
+# Every target the default smoke starts: the oracle pair's, and the random-weight one its grammar
+# server runs (tests/test_kernels.py holds both to the smoke's own configs).
+SMOKE_TARGETS = {"smoke's oracle target": ORACLE_TARGET, "smoke's synthetic target": SMOKE_TARGET}
 
 
 def calls_for(config: dict) -> list[list]:
@@ -298,7 +303,7 @@ def read_config(path: str) -> dict:
 def model_configs(paths: list[str], smoke: bool) -> dict[str, dict]:
     configs = {p: read_config(p) for p in paths}
     if smoke or not configs:
-        configs["smoke's synthetic target"] = dict(SMOKE_TARGET)
+        configs.update({name: dict(c) for name, c in SMOKE_TARGETS.items()})
     return configs
 
 
