@@ -23,6 +23,7 @@ in
             p.packaging
             p.tokenizers # smoke's grammar phase builds the synthetic tokenizer
             p.openai # and sends chat requests through the OpenAI client
+            p.numpy # the oracle pair's reference forward (tests/oracle_reference.py)
           ]))
           pkgs.git
         ];
