@@ -413,6 +413,23 @@ let
   # The primary group a static user runs with (NixOS picks it when the instance names none).
   groupOf = i: if i.group != null then i.group else config.users.users.${i.user}.group;
 
+  # A systemd.services entry from a pure function's { Unit, Service, Install }. Dependency lists
+  # merge with a host's own (NixOS list options); everything else is mkDefault, so a host wins.
+  serviceOf = d: {
+    description = mkDefault d.Unit.Description;
+    after = d.Unit.After;
+    wants = d.Unit.Wants;
+    wantedBy = d.Install.WantedBy;
+    unitConfig = lib.mapAttrs (_: mkDefault) (
+      removeAttrs d.Unit [
+        "Description"
+        "After"
+        "Wants"
+      ]
+    );
+    serviceConfig = lib.mapAttrs (_: mkDefault) d.Service;
+  };
+
   unitOf =
     name: i:
     let
@@ -423,23 +440,11 @@ let
         settingsFile = "${settingsFile name i}";
       };
     in
-    {
-      description = mkDefault d.Unit.Description;
-      # Dependency lists merge with a host's own (NixOS list options); the rest is mkDefault.
-      after = d.Unit.After;
-      wants = d.Unit.Wants;
-      wantedBy = d.Install.WantedBy;
+    serviceOf d
+    // {
       # SGLang's first start compiles JIT kernels: nvcc comes from the stack's own wheels (serve
       # points CUDA_HOME at them), the host compiler it and tvm-ffi call (gcc, c++) from here.
       path = [ cfg.hostCompilerPackage ];
-      unitConfig = lib.mapAttrs (_: mkDefault) (
-        removeAttrs d.Unit [
-          "Description"
-          "After"
-          "Wants"
-        ]
-      );
-      serviceConfig = lib.mapAttrs (_: mkDefault) d.Service;
     };
 
   # The router: its settings in /etc (a stable path, so a change of workers alone reloads it),
@@ -461,22 +466,11 @@ let
         settingsFile = "/etc/${routerEtc}";
       };
     in
-    {
-      description = mkDefault d.Unit.Description;
-      after = d.Unit.After;
-      wants = d.Unit.Wants;
-      wantedBy = d.Install.WantedBy;
-      unitConfig = lib.mapAttrs (_: mkDefault) (
-        removeAttrs d.Unit [
-          "Description"
-          "After"
-          "Wants"
-        ]
-      );
-      serviceConfig = lib.mapAttrs (_: mkDefault) d.Service;
+    serviceOf d
+    // {
       # Workers added or removed: `systemctl reload` (dflashctl router --sync, no dropped
       # requests); any other setting: a restart.
-      reloadTriggers = [ (builtins.toJSON (routerSettings.workers)) ];
+      reloadTriggers = [ (builtins.toJSON routerSettings.workers) ];
       restartTriggers = [ (builtins.toJSON (removeAttrs routerSettings [ "workers" ])) ];
     };
   routerEtc = lib.removePrefix "/etc/" routerUnit.data.settingsPath;

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dflashctl.errors import DflashError
+from dflashctl.smoke import synthetic
 
 GENERATOR_VERSION = 1  # bump when the bytes written for a shape change
 SPECIAL_TOKEN_ID = 0  # bos, eos and pad; requests use ignore_eos
@@ -196,40 +197,11 @@ def draft_tensors(s: OracleShape, poisoned: bool = False) -> dict[str, Tensor]:
 # --- configs ---------------------------------------------------------------------------------------
 
 def target_config(s: OracleShape) -> dict:
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": s.hidden_size,
-        "intermediate_size": s.intermediate_size,
-        "num_hidden_layers": s.target_layers,
-        "num_attention_heads": s.heads,
-        "num_key_value_heads": s.kv_heads,
-        "head_dim": s.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": s.rope_theta,
-        "vocab_size": s.vocab_size,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "attention_bias": False,
-        "bos_token_id": SPECIAL_TOKEN_ID,
-        "eos_token_id": SPECIAL_TOKEN_ID,
-        "pad_token_id": SPECIAL_TOKEN_ID,
-    }
+    return synthetic.qwen3_config(s, 8192, s.rope_theta)
 
 
 def draft_config(s: OracleShape) -> dict:
-    cfg = target_config(s)
-    cfg.update({
-        "architectures": ["DFlashDraftModel"],
-        "num_hidden_layers": s.draft_layers,
-        "block_size": s.block_size,
-        "num_target_layers": s.target_layers,
-        "dflash_config": {"mask_token_id": s.mask_token_id, "target_layer_ids": list(s.target_layer_ids),
-                          "block_size": s.block_size},
-    })
-    return cfg
+    return synthetic.dflash_draft_config(s, target_config(s))
 
 
 # --- bytes -----------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ class PairShape:
     mask_token_id: int = 151669
 
 
-def target_config(s: PairShape) -> dict:
+def qwen3_config(s, max_position_embeddings: int, rope_theta: float) -> dict:
+    """A Qwen3 target's config.json for a shape with PairShape's field names (the oracle pair's too)."""
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
@@ -44,9 +45,9 @@ def target_config(s: PairShape) -> dict:
         "num_key_value_heads": s.kv_heads,
         "head_dim": s.head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": s.max_position_embeddings,
+        "max_position_embeddings": max_position_embeddings,
         "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
+        "rope_theta": rope_theta,
         "vocab_size": s.vocab_size,
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
@@ -57,20 +58,26 @@ def target_config(s: PairShape) -> dict:
     }
 
 
-def draft_config(s: PairShape) -> dict:
-    cfg = target_config(s)
-    cfg.update({
-        "architectures": ["DFlashDraftModel"],
-        "num_hidden_layers": s.draft_layers,
-        "block_size": s.block_size,
-        "num_target_layers": s.target_layers,
-        "dflash_config": {
-            "mask_token_id": s.mask_token_id,
-            "target_layer_ids": list(s.target_layer_ids),
+def dflash_draft_config(s, target: dict) -> dict:
+    """The DFlash drafter's config.json over its target's, for a shape with PairShape's field names."""
+    return {**target,
+            "architectures": ["DFlashDraftModel"],
+            "num_hidden_layers": s.draft_layers,
             "block_size": s.block_size,
-        },
-    })
-    return cfg
+            "num_target_layers": s.target_layers,
+            "dflash_config": {
+                "mask_token_id": s.mask_token_id,
+                "target_layer_ids": list(s.target_layer_ids),
+                "block_size": s.block_size,
+            }}
+
+
+def target_config(s: PairShape) -> dict:
+    return qwen3_config(s, s.max_position_embeddings, 1000000.0)
+
+
+def draft_config(s: PairShape) -> dict:
+    return dflash_draft_config(s, target_config(s))
 
 
 def generation_config() -> dict:
