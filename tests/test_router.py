@@ -387,7 +387,6 @@ def test_smoke_through_the_router_names_it_and_its_workers(tmp_path, workers, ma
 
 def _router_options(given: dict) -> dict:
     """Every services.dflash.router setting, as the module passes them (defaults from the data file)."""
-    from dflashctl.service import router
     base = {**router.defaults(), "apiKeyFile": None, "adminApiKeyFile": None, "logLevel": "info",
             "extraArgs": [], "remoteWorkers": [], "enable": True, "openFirewall": False}
     return {**base, **given}

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from dflashctl import cli, errors
-from dflashctl.service import config
 
 OK = {"name": "a", "model": "Qwen/Qwen3-8B"}
 DFLASH = {**OK, "draftModel": "z-lab/Qwen3-8B-DFlash-b16", "speculative": {"algorithm": "DFLASH"}}

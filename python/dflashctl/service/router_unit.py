@@ -67,15 +67,7 @@ def render(settings: dict, settings_path: str, dflashctl: str, python: str, syst
     """The unit text of dflash-router.service for `settings` (from settings_for)."""
     data = router_unit_data()
     cfg = router.from_dict(settings)
-    for flag, path in (("--dflashctl", dflashctl), ("--python", python)):
-        bad = unit_text.exec_path_problem(path)
-        if bad:
-            raise _refuse(f"{flag} {path!r} cannot go into ExecStart", bad,
-                          f"pass {flag} as a plain absolute path")
-    bad = unit_text.control_problem(settings_path)
-    if bad:
-        raise _refuse(f"--settings-path {settings_path!r} cannot go into ExecStart", bad,
-                      "pass a path without control characters")
+    unit.check_exec_start({"--dflashctl": dflashctl, "--python": python}, "--settings-path", settings_path)
     after = data["unit"]["After"] + list(cfg.instance_units)
     unit_section = {**data["unit"], "After": after, "Wants": data["unit"]["Wants"] + list(cfg.instance_units)}
     service = dict(data["service"])
@@ -141,7 +133,7 @@ def run(args) -> int:
     else:
         sys.stdout.write(text)
     cfg = router.from_dict(settings)
-    print(f"\nInstall on the host (as root):\n"
+    print("\nInstall on the host (as root):\n"
           + (f"  install -D -m 0644 {args.settings_output} {settings_path}\n" if args.settings_output else
              f"  install -D -m 0644 /dev/stdin {settings_path} <<'JSON'\n{body}JSON\n")
           + f"  install -m 0644 {args.output or UNIT_NAME} /etc/systemd/system/{UNIT_NAME}\n"

@@ -49,6 +49,20 @@ def _refuse(what: str, why: str, fix: str) -> DflashError:
     return DflashError(what, why, fix, CONFIG)
 
 
+def check_exec_start(paths: dict[str, str | None], settings_flag: str, settings_path: str) -> None:
+    """Refuse what cannot go into an ExecStart: an executable (`paths`: flag -> path, None for one
+    left out) systemd would refuse or expand, or a settings path with a control character."""
+    for flag, path in paths.items():
+        bad = path is not None and unit_text.exec_path_problem(path)
+        if bad:
+            raise _refuse(f"{flag} {path!r} cannot go into ExecStart", bad,
+                          f"pass {flag} as a plain absolute path, e.g. /opt/dflash/bin/dflashctl")
+    bad = unit_text.control_problem(settings_path)
+    if bad:
+        raise _refuse(f"{settings_flag} {settings_path!r} cannot go into ExecStart", bad,
+                      "pass a path without control characters")
+
+
 def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python: str | None = None,
            systemd: int | None = None) -> str:
     """The unit text (DynamicUser). `systemd`: the host's version; directives it lacks are left out.
@@ -56,15 +70,7 @@ def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python:
     Every value is escaped by unit_text's rules; what cannot be escaped raises DflashError(CONFIG).
     """
     data = unit_data()
-    for flag, path in (("--dflashctl", dflashctl), ("--python", python)):
-        bad = path is not None and unit_text.exec_path_problem(path)
-        if bad:
-            raise _refuse(f"{flag} {path!r} cannot go into ExecStart", bad,
-                          f"pass {flag} as a plain absolute path, e.g. /opt/dflash/bin/dflashctl")
-    bad = unit_text.control_problem(config_path)
-    if bad:
-        raise _refuse(f"--config-path {config_path!r} cannot go into ExecStart", bad,
-                      "pass a path without control characters")
+    check_exec_start({"--dflashctl": dflashctl, "--python": python}, "--config-path", config_path)
     service = dict(data["service"])
     argv = [dflashctl, "serve", "--config", config_path] + (["--python", python] if python else [])
     service["ExecStart"] = unit_text.command_line(argv)
