@@ -9,6 +9,11 @@
 #                               smoke on flashinfer's CuTe-DSL RMSNorm (FLASHINFER_USE_CUDA_NORM=0),
 #                               one more with that run's CuTe cache kept, then one on the prebuilt nvcc
 #                               norm (the default dflashctl picks when the prebuilt norm exists)
+#   prebuilt_kernels.sh triton  one fresh smoke without prebuilt kernels that records Triton's
+#                               kernels (DFLASH_TRITON_RECORD), then `kernels build` with NO GPU visible
+#                               for sm90, the smoke's shapes and that recording, then fresh smokes
+#                               with it (RUNS, default 3), and one between them with Triton's own
+#                               cache manager (the prebuilt Triton layer off), side by side
 # Every smoke: a fresh HOME and XDG cache (every JIT cache empty; dflashctl names them under
 # $XDG_CACHE_HOME/dflashctl/jit), default smoke arguments. After each run it lists what the
 # writable tvm-ffi cache and flashinfer's cache gained and the hook's lines from the servers' logs.
@@ -16,7 +21,7 @@
 # compiler wheels: the image's nvcc 13.0 and g++ compile), D/cute.tar.xz (cutlass-dsl), D/python
 # (this branch's dflashctl). Writes summary.txt, <label>.json, logs-<phase>.tar.gz into $OUT.
 set -uo pipefail
-phase=${1:?usage: prebuilt_kernels.sh build|cute}
+phase=${1:?usage: prebuilt_kernels.sh build|cute|triton}
 D=${PAYLOAD_DIR:-$PWD/.gpu-i21}
 OUT=${OUT:-$PWD/prebuilt-out}
 mkdir -p "$OUT" /tmp/i21
@@ -65,7 +70,10 @@ smoke_fresh() {  # label, then NAME=VALUE settings for the run (env), then -- an
     echo "  writable tvm-ffi cache ($jit/tvm-ffi): $(ls "$jit/tvm-ffi" 2>/dev/null | wc -l) entries: $(ls "$jit/tvm-ffi" 2>/dev/null | tr '\n' ' ')"
     echo "  flashinfer cache: $(find "$jit/flashinfer" -name '*.so' 2>/dev/null | tr '\n' ' ')"
     echo "  CuTe-DSL cache: $(du -sh "${CUTE_CACHE:-$jit/cute-dsl}" 2>/dev/null | cut -f1) $(find "${CUTE_CACHE:-$jit/cute-dsl}" -type f 2>/dev/null | wc -l) files"
-    echo "  triton cache: $(ls "$dir/home/.cache/dflashctl/triton" 2>/dev/null | wc -l) entries"
+    local tc=$dir/home/.cache/dflashctl/triton
+    echo "  triton cache: $(find "$tc" -mindepth 1 -maxdepth 1 -type d ! -empty 2>/dev/null | wc -l) entries with files," \
+      "$(find "$tc" -name '__grp__*' 2>/dev/null | wc -l) kernels, $(find "$tc" -name '*.so' 2>/dev/null | wc -l) helper modules:" \
+      "$(find "$tc" -name '__grp__*' 2>/dev/null | sed 's/.*__grp__//; s/\.json$//' | sort | uniq -c | tr -s ' \n' ' ')"
     echo "  hook lines in the servers' logs:"
     cat "$dir"/logs/*.log 2>/dev/null | grep -ho '\[dflash kernels\].*' | sort | uniq -c | cut -c1-250 | sed 's/^/    /'
     echo "  flashinfer / JIT mentions:"
@@ -92,10 +100,19 @@ PYEOF
   return $rc
 }
 
-if [ "$phase" = build ]; then
-  rm -rf "$K" "$RUNS_DIR"
+build_args=()
+if [ "$phase" = triton ]; then
+  REC=/tmp/i21/triton-record.jsonl
+  rm -rf "$K" "$RUNS_DIR" "$REC"
+  smoke_fresh record DFLASH_TRITON_RECORD="$REC"
+  cp "$REC" "$OUT/triton-record-sm90.jsonl" 2>/dev/null
+  stamp "recorded $(wc -l <"$REC" 2>/dev/null) kernel requests, $($PY -c "import json,sys; print(len({json.loads(l)['hash'] for l in open(sys.argv[1])}))" "$REC" 2>&1) distinct"
+  build_args=(--triton-record "$REC")
+fi
+if [ "$phase" = build ] || [ "$phase" = triton ]; then
+  rm -rf "$K"
   s=$(ms)
-  CUDA_VISIBLE_DEVICES= $PY -m dflashctl kernels build --out "$K" --arch sm90 --smoke >"$OUT/build.txt" 2>&1
+  CUDA_VISIBLE_DEVICES= $PY -m dflashctl kernels build --out "$K" --arch sm90 --smoke "${build_args[@]}" >"$OUT/build.txt" 2>&1
   rc=$?
   stamp "kernels build (no GPU visible): exit $rc after $(secs_since "$s")s"
   cat "$OUT/build.txt" | tail -20 | cut -c1-400 >>"$summary"
@@ -107,9 +124,17 @@ if [ "$phase" = build ]; then
   $PY -m dflashctl doctor --kernels "$K" >"$OUT/doctor.txt" 2>&1
   stamp "doctor: exit $? after $(secs_since "$s")s"
   grep -A1 prebuilt-kernels "$OUT/doctor.txt" >>"$summary"
+  [ -d "$K/triton" ] && { du -sh "$K/triton" >>"$summary"; ls "$K/triton" | wc -l >>"$summary"; }
   for i in $(seq 1 "${RUNS:-3}"); do
     smoke_fresh "prebuilt$i" DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1
+    if [ -d "$K/triton" ] && [ "$i" = 1 ]; then
+      smoke_fresh no-triton-layer DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1 \
+        TRITON_CACHE_MANAGER=triton.runtime.cache:FileCacheManager
+    fi
   done
+  # Where the imports go (Python's own -X importtime, every SGLang process): last, it slows the run.
+  [ -n "${IMPORTTIME:-}" ] && smoke_fresh importtime DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1 \
+    PYTHONPROFILEIMPORTTIME=1
 else
   CUTE_CACHE=/tmp/i21/cute-cache
   rm -rf "$CUTE_CACHE"

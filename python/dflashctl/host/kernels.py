@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from dflashctl.errors import CONFIG, FAILED, DflashError
-from dflashctl.host import cuda_home, jit_caches, probes
+from dflashctl.host import cuda_home, jit_caches, probes, triton_kernels
 from dflashctl.host.kernel_hook import dflash_kernel_hook as hook
 
 HOOK_DIR = Path(hook.__file__).resolve().parent
@@ -126,12 +126,13 @@ print(json.dumps({"module": spec.name, "flashinfer": version("flashinfer-python"
 FLASHINFER_AOT = "flashinfer-aot"
 
 
-def libcuda_stub(env: dict[str, str], scratch: Path) -> Path | None:
+def libcuda_stub(env: dict[str, str], scratch: Path, always: bool = False) -> Path | None:
     """flashinfer links its modules with -lcuda from $CUDA_HOME/lib64/stubs, which the stack's CUDA
-    wheels do not have and a build machine without a driver lacks: an empty libcuda.so with the
-    driver's soname, for the link only (the module then needs libcuda.so.1, found at run time)."""
+    wheels do not have and a build machine without a driver lacks, and Triton's helper modules with
+    -l:libcuda.so.1 (`always`): an empty libcuda.so with the driver's soname (and that name), for the
+    link only (the module then needs the driver's libcuda.so.1, found at run time)."""
     home = env.get("CUDA_HOME") or env.get("CUDA_PATH") or "/usr/local/cuda"
-    if Path(home, "lib64", "stubs", "libcuda.so").exists():
+    if not always and Path(home, "lib64", "stubs", "libcuda.so").exists():
         return None
     cc = env.get("CC") or "cc"
     scratch.mkdir(parents=True, exist_ok=True)
@@ -139,8 +140,10 @@ def libcuda_stub(env: dict[str, str], scratch: Path) -> Path | None:
     p = subprocess.run([cc, "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(scratch / "libcuda.so"),
                         str(scratch / "stub.c")], env=env, capture_output=True, text=True)
     if p.returncode != 0:
-        raise DflashError("cannot make the libcuda link stub flashinfer's norm module needs", p.stderr.strip(),
+        raise DflashError("cannot make the libcuda link stub the prebuilt modules need", p.stderr.strip(),
                           f"install a C compiler ({cc}) or set CUDA_HOME to a toolkit with lib64/stubs", FAILED)
+    (scratch / "libcuda.so.1").unlink(missing_ok=True)
+    (scratch / "libcuda.so.1").symlink_to("libcuda.so")
     return scratch
 
 
@@ -172,19 +175,28 @@ def build_flashinfer_norm(python: str, out: Path, archs: list[str], env: dict[st
 
 
 def provide(env: dict[str, str]) -> dict[str, str]:
-    """`env` with the prebuilt-kernel hook first on PYTHONPATH when $DFLASH_PREBUILT_KERNELS is set."""
+    """`env` with the prebuilt-kernel hook first on PYTHONPATH when $DFLASH_PREBUILT_KERNELS is set,
+    and Triton's cache manager the prebuilt layer when that directory has Triton kernels (or Triton's
+    kernels are being recorded, $DFLASH_TRITON_RECORD)."""
     env = dict(env)
-    root = env.get(PREBUILT_ENV)
-    if not root:
+    root, recording = env.get(PREBUILT_ENV), env.get(triton_kernels.RECORD_ENV)
+    if not root and not recording:
         return env
-    if jit_caches.same_dir(env.get("TVM_FFI_CACHE_DIR"), root):
+    if root and jit_caches.same_dir(env.get("TVM_FFI_CACHE_DIR"), root):
         raise DflashError(f"TVM_FFI_CACHE_DIR and {PREBUILT_ENV} are both {root}",
                           "the prebuilt directory is read-only; tvm-ffi would wait forever on its lock",
                           "leave TVM_FFI_CACHE_DIR unset (it then lives in the instance's cache directory)",
                           CONFIG)
+    if root and jit_caches.same_dir(env.get("TRITON_CACHE_DIR"), Path(root, triton_kernels.SUBDIR)):
+        raise DflashError(f"TRITON_CACHE_DIR is the prebuilt directory's {triton_kernels.SUBDIR}/",
+                          "Triton writes into its cache directory, and the prebuilt one is read-only",
+                          "leave TRITON_CACHE_DIR unset (it then lives in the instance's cache directory)",
+                          CONFIG)
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(HOOK_DIR)]
     env["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR)] + parts)
-    if Path(root, FLASHINFER_AOT, "norm", "norm.so").exists():
+    if recording or Path(root, triton_kernels.SUBDIR).is_dir():
+        env.setdefault("TRITON_CACHE_MANAGER", triton_kernels.MANAGER)
+    if root and Path(root, FLASHINFER_AOT, "norm", "norm.so").exists():
         # With nvidia-cutlass-dsl installed flashinfer would take its CuTe-DSL RMSNorm and compile
         # that at the first start; the prebuilt nvcc build needs no compiler (docs/benchmarks.md).
         env.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
@@ -215,8 +227,11 @@ def coverage(root: str | Path, arch: str, configs: dict[str, dict]) -> tuple[boo
         text = "; ".join(f"{label}: {len(m)} of {len(calls_for(configs[label]))} modules "
                          f"(first {m[0][1]}{tuple(m[0][2])})" for label, m in missing.items())
         return False, f"compute capability {arch_version(arch)} is built, but not every shape: {text}"
+    triton = index.get("triton", {}).get(arch_version(arch))
+    triton_text = (f", {len(triton)} Triton kernel(s)" if triton else
+                   ", no Triton kernels (they compile at the first start)")
     return True, (f"compute capability {arch_version(arch)}, {len(configs)} model shape(s): every "
-                  "module prebuilt")
+                  f"module prebuilt{triton_text}")
 
 
 def calls_of(configs: dict[str, dict]) -> list[list]:
@@ -290,6 +305,42 @@ def build(python: str, out: Path, archs: list[str], calls: list[list], env: dict
     return index
 
 
+def build_triton(python: str, out: Path, archs: list[str], record_files: list[str], smoke: bool,
+                 env: dict[str, str]) -> None:
+    """Triton's recorded kernels for each arch into `out`/triton, noted in the index."""
+    index = read_index(out) or {"format": INDEX_FORMAT, "built": {}}
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="dflash-libcuda-") as scratch:
+        stub = libcuda_stub(env, Path(scratch), always=True)
+        for arch in map(arch_version, archs):
+            files = [Path(f) for f in record_files] + (triton_kernels.smoke_records(arch) if smoke else [])
+            records = triton_kernels.read_records(files)
+            if not records:
+                continue
+            started = time.monotonic()
+            done = triton_kernels.build(python, out, arch, records, env, stub)
+            if not any(done.values()):
+                continue
+            if done["stale"]:
+                print(f"kernels: {arch}: {len(done['stale'])} recorded Triton kernel(s) left out, stale "
+                      f"(first {done['stale'][0]['kernel']}: {done['stale'][0]['error']}); they compile at "
+                      "the first start. Record them again with this stack: DFLASH_TRITON_RECORD=FILE",
+                      file=sys.stderr, flush=True)
+            index.setdefault("triton", {})[arch] = sorted(set(done["built"]) | set(index.get("triton", {}).get(arch, [])))
+            failed += [(arch, r) for r in done["failed"]]
+            print(f"kernels: {arch}: Triton {len(done['built'])}/{sum(map(len, done.values()))} "
+                  f"kernels in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    tmp = out / f".{INDEX}.tmp"
+    tmp.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    tmp.replace(out / INDEX)
+    if failed:
+        arch, r = failed[0]
+        raise DflashError(f"{len(failed)} recorded Triton kernel(s) did not build for {arch} (first: "
+                          f"{r.get('kernel') or r.get('helper')})", r.get("error", ""),
+                          "read the error above; the kernels that built are in the index and are used",
+                          FAILED)
+
+
 def read_config(path: str) -> dict:
     p = Path(path)
     p = p / "config.json" if p.is_dir() else p
@@ -326,6 +377,9 @@ def register(subparsers) -> None:
     b.add_argument("--python", default=sys.executable, help="the stack's interpreter (default: this one)")
     b.add_argument("--no-flashinfer-norm", dest="flashinfer_norm", action="store_false",
                    help="skip flashinfer's RMSNorm module (built by default, one binary for every arch)")
+    b.add_argument("--triton-record", action="append", default=[], metavar="FILE",
+                   help="Triton kernels recorded on a GPU host (DFLASH_TRITON_RECORD=FILE), repeatable; "
+                        "--smoke adds the smoke's own recordings")
     p.set_defaults(func=run)
 
 
@@ -340,6 +394,8 @@ def run(args) -> int:
             done = build_flashinfer_norm(args.python, out, args.arch or DEFAULT_ARCHS, dict(os.environ))
             print(f"kernels: flashinfer {done['flashinfer']} norm for {' '.join(done['archs'])} in "
                   f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        build_triton(args.python, out, args.arch or DEFAULT_ARCHS, args.triton_record, args.smoke,
+                     dict(os.environ))
         print(f"kernels: {out} holds {len(list(out.glob('*/' + hook.RECORD)))} prebuilt modules; "
               f"use it with {PREBUILT_ENV}={out.resolve()}")
         return 0

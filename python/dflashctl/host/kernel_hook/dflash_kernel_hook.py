@@ -32,6 +32,11 @@ import threading
 
 PREBUILT_ENV = "DFLASH_PREBUILT_KERNELS"
 RECORD_ENV = "DFLASH_KERNELS_RECORD"
+# Triton's layer (dflash_triton_cache.py, which needs Triton and so lives apart): its directory in
+# the prebuilt one, the variable that records Triton's kernels, the record's format.
+TRITON_SUBDIR = "triton"
+TRITON_RECORD_ENV = "DFLASH_TRITON_RECORD"
+TRITON_RECORD_FORMAT = 1
 RECORD = "dflash-prebuilt.json"  # beside each prebuilt <name>.so
 FORMAT = 1
 ARCH_ENV = "TVM_FFI_CUDA_ARCH_LIST"  # SGLang sets it around each build from the GPU (or the override)
@@ -264,13 +269,37 @@ def patch(module) -> None:
         module.load_inline = wrap(module.load_inline, getattr(module, "build_inline", None))
 
 
+def record_triton(knobs) -> None:
+    """Send every kernel Triton compiles or finds to dflash_triton_cache's recorder. Set as soon as
+    triton.knobs exists, because Triton reads its listener once at the start of each compile."""
+    def listener(**kwargs):
+        import dflash_triton_cache
+        dflash_triton_cache.record(**kwargs)
+    knobs.compilation.listener = listener
+
+
+def _patches() -> dict:
+    """Module name -> what to do with it once imported, for this process's settings."""
+    patches = {}
+    if os.environ.get(PREBUILT_ENV) or os.environ.get(RECORD_ENV):
+        patches["tvm_ffi.cpp"] = patch
+    if os.environ.get(TRITON_RECORD_ENV):
+        patches["triton.knobs"] = record_triton
+    return patches
+
+
 class _Finder:
-    """Patches tvm_ffi.cpp as soon as it is imported; costs nothing in processes that never do."""
+    """Patches each module as soon as it is imported; costs nothing in processes that never do."""
+
+    def __init__(self, patches: dict):
+        self.patches = patches
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "tvm_ffi.cpp":
+        then = self.patches.pop(fullname, None)
+        if then is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.patches:
+            sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -278,13 +307,14 @@ class _Finder:
 
         def exec_module(module):
             run(module)
-            patch(module)
+            then(module)
         spec.loader.exec_module = exec_module
         return spec
 
 
 def install() -> None:
-    if "tvm_ffi.cpp" in sys.modules:
-        patch(sys.modules["tvm_ffi.cpp"])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    patches = _patches()
+    for name in [n for n in patches if n in sys.modules]:
+        patches.pop(name)(sys.modules[name])
+    if patches and not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder(patches))

@@ -1,7 +1,7 @@
 """Python imports this at start-up because dflashctl put its directory first on PYTHONPATH.
 
-It installs the prebuilt-kernel hook (dflash_kernel_hook.py) when $DFLASH_PREBUILT_KERNELS or
-$DFLASH_KERNELS_RECORD is set, then runs the interpreter's own sitecustomize, which this file
+It installs the prebuilt-kernel hook (dflash_kernel_hook.py) when $DFLASH_PREBUILT_KERNELS,
+$DFLASH_KERNELS_RECORD or $DFLASH_TRITON_RECORD is set, then runs the interpreter's own sitecustomize, which this file
 shadows (nixpkgs' Python has one: it reads NIX_PYTHONPATH).
 """
 import importlib.machinery
@@ -11,7 +11,7 @@ import sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
 
-if os.environ.get("DFLASH_PREBUILT_KERNELS") or os.environ.get("DFLASH_KERNELS_RECORD"):
+if any(os.environ.get(v) for v in ("DFLASH_PREBUILT_KERNELS", "DFLASH_KERNELS_RECORD", "DFLASH_TRITON_RECORD")):
     try:
         import dflash_kernel_hook
         dflash_kernel_hook.install()
