@@ -547,8 +547,9 @@ in
         instance as `DFLASH_PREBUILT_KERNELS` in its settings' environment (an instance's own value
         wins): a first start loads them instead of compiling for about a minute. A kernel the
         package lacks (another GPU arch, another model shape, a patched SGLang) is compiled into
-        the instance's cache directory at the first start, as without it. `null`: every host
-        compiles its own at the first start.
+        the instance's cache directory at the first start, as without it. Triton's kernels are in it
+        as recorded on a GPU (the package's `tritonRecords`; the smoke's sm90 recording is built in).
+        `null`: every host compiles its own at the first start.
       '';
     };
     router = {

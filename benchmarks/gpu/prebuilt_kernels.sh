@@ -4,7 +4,9 @@
 #                               smoke's shapes with NO GPU visible (CUDA_VISIBLE_DEVICES=), into
 #                               /tmp/i21/prebuilt (the path the runs use), then `kernels status` and
 #                               doctor's prebuilt-kernels line; then fresh default smokes (RUNS, default
-#                               3) with the prebuilt kernels and FLASHINFER_DISABLE_JIT=1
+#                               3) with the prebuilt kernels and FLASHINFER_DISABLE_JIT=1 (Triton's from
+#                               the shipped sm90 recording; one more run after the first with Triton's
+#                               own cache manager, the prebuilt Triton layer off, side by side)
 #   prebuilt_kernels.sh cute    with nvidia-cutlass-dsl unpacked too (as on a Nix host): one fresh
 #                               smoke on flashinfer's CuTe-DSL RMSNorm (FLASHINFER_USE_CUDA_NORM=0),
 #                               one more with that run's CuTe cache kept, then one on the prebuilt nvcc
