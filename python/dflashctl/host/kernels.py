@@ -373,7 +373,8 @@ def register(subparsers) -> None:
         q.add_argument("--model-config", action="append", default=[], metavar="PATH",
                        help="a model directory or config.json whose shapes to build (repeatable)")
         q.add_argument("--smoke", action="store_true",
-                       help="also the smoke's synthetic target (the default when no --model-config is given)")
+                       help="also the smoke's targets and, for build, its recorded Triton kernels (the default "
+                            "when no --model-config is given)")
     b.add_argument("--python", default=sys.executable, help="the stack's interpreter (default: this one)")
     b.add_argument("--no-flashinfer-norm", dest="flashinfer_norm", action="store_false",
                    help="skip flashinfer's RMSNorm module (built by default, one binary for every arch)")
@@ -394,8 +395,9 @@ def run(args) -> int:
             done = build_flashinfer_norm(args.python, out, args.arch or DEFAULT_ARCHS, dict(os.environ))
             print(f"kernels: flashinfer {done['flashinfer']} norm for {' '.join(done['archs'])} in "
                   f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-        build_triton(args.python, out, args.arch or DEFAULT_ARCHS, args.triton_record, args.smoke,
-                     dict(os.environ))
+        # the smoke's recorded Triton kernels come with its shapes (model_configs' rule)
+        build_triton(args.python, out, args.arch or DEFAULT_ARCHS, args.triton_record,
+                     args.smoke or not args.model_config, dict(os.environ))
         print(f"kernels: {out} holds {len(list(out.glob('*/' + hook.RECORD)))} prebuilt modules; "
               f"use it with {PREBUILT_ENV}={out.resolve()}")
         return 0
