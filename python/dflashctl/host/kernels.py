@@ -203,6 +203,12 @@ def provide(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def write_index(out: Path, index: dict) -> None:
+    tmp = out / f".{INDEX}.tmp"  # replaced in one step: a reader never sees half an index
+    tmp.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    tmp.replace(out / INDEX)
+
+
 def read_index(root: str | Path) -> dict | None:
     try:
         index = json.loads(Path(root, INDEX).read_text())
@@ -293,16 +299,18 @@ def build(python: str, out: Path, archs: list[str], calls: list[list], env: dict
         failures += [(arch, r) for r in results if not r["ok"]]
         say(f"kernels: {arch}: {len(ok)}/{len(results)} modules in {time.monotonic() - started:.0f} s")
     index["archs"] = sorted(index["built"], key=lambda a: tuple(map(int, a.split("."))))
-    tmp = out / f".{INDEX}.tmp"
-    tmp.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
-    tmp.replace(out / INDEX)
+    write_index(out, index)
     if failures:
-        arch, r = failures[0]
-        raise DflashError(f"{len(failures)} kernel module(s) did not build (first: {arch} {r['call'][1]}"
-                          f"{tuple(r['call'][2])})", r.get("error", ""),
-                          "read the error above; the modules that built are in the index and are used",
-                          FAILED)
+        raise not_built(failures, "kernel module(s)", lambda r: f"{r['call'][1]}{tuple(r['call'][2])}")
     return index
+
+
+def not_built(failures: list[tuple[str, dict]], what: str, name_of) -> DflashError:
+    """The error for a build in which some of `what` failed: (arch, result) pairs, the first named."""
+    arch, first = failures[0]
+    return DflashError(f"{len(failures)} {what} did not build (first: {arch} {name_of(first)})",
+                       first.get("error", ""), "read the error above; what did build is in the index and is used",
+                       FAILED)
 
 
 def build_triton(python: str, out: Path, archs: list[str], record_files: list[str], smoke: bool,
@@ -326,19 +334,14 @@ def build_triton(python: str, out: Path, archs: list[str], record_files: list[st
                       f"(first {done['stale'][0]['kernel']}: {done['stale'][0]['error']}); they compile at "
                       "the first start. Record them again with this stack: DFLASH_TRITON_RECORD=FILE",
                       file=sys.stderr, flush=True)
-            index.setdefault("triton", {})[arch] = sorted(set(done["built"]) | set(index.get("triton", {}).get(arch, [])))
+            triton = index.setdefault("triton", {})
+            triton[arch] = sorted(set(done["built"]) | set(triton.get(arch, [])))
             failed += [(arch, r) for r in done["failed"]]
             print(f"kernels: {arch}: Triton {len(done['built'])}/{sum(map(len, done.values()))} "
                   f"kernels in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-    tmp = out / f".{INDEX}.tmp"
-    tmp.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
-    tmp.replace(out / INDEX)
+    write_index(out, index)
     if failed:
-        arch, r = failed[0]
-        raise DflashError(f"{len(failed)} recorded Triton kernel(s) did not build for {arch} (first: "
-                          f"{r.get('kernel') or r.get('helper')})", r.get("error", ""),
-                          "read the error above; the kernels that built are in the index and are used",
-                          FAILED)
+        raise not_built(failed, "recorded Triton kernel(s)", lambda r: r.get("kernel") or r.get("helper"))
 
 
 def read_config(path: str) -> dict:
