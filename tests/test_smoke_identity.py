@@ -6,6 +6,7 @@ field by field (null, with the reason) and still name the host, Python, dflashct
 
 import json
 import platform
+from importlib import metadata
 import socket
 import subprocess
 import sys
@@ -29,9 +30,16 @@ def test_identity_without_a_gpu_is_null_with_reasons(tmp_path):
     ident = json.loads((tmp_path / "result.json").read_text())["identity"]
     assert ident["hostname"] == socket.gethostname()
     assert ident["python"] == platform.python_version() and ident["dflashctl"] == __version__
-    for field in ("gpus", "gpu_count", "driver", "driver_cuda", "cuda_driver_api", "torch", "triton",
+    for field in ("gpus", "gpu_count", "driver", "driver_cuda", "cuda_driver_api", "torch",
                   "sglang_kernel", "xgrammar"):
         assert ident[field] is None and ident["unknown"][field], field
+    # The test extra installs triton (tests/test_triton_kernels.py): it is read as installed, or
+    # null with the reason where it is not.
+    try:
+        triton = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        triton = None
+    assert ident["triton"] == triton and (triton or ident["unknown"]["triton"])
     assert "driver probe" in ident["unknown"]["gpus"]  # NVML: no libnvidia-ml here
     assert "torch" in ident["unknown"]["torch"]
     assert ident["unknown"]["sglang"] == "no sglang distribution (dist-info) for this Python"  # the stand-in
