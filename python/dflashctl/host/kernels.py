@@ -6,7 +6,8 @@ kernel_hook/dflash_kernel_hook.py copies every module tvm-ffi builds into `--out
 own key, with the headers' digest and the arch list. `index.json` there says which calls were built
 for which arch. At run time `provide(env)` puts the hook first on the SGLang child's PYTHONPATH when
 $DFLASH_PREBUILT_KERNELS names such a directory: a module found there is loaded as it is, anything
-else compiles into the writable TVM_FFI_CACHE_DIR as before.
+else compiles into the writable TVM_FFI_CACHE_DIR as before. Triton's kernels, known only from a
+recording made on a GPU, are built by triton_kernels.py into the same directory's `triton/`.
 """
 
 import json
