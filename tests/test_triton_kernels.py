@@ -243,3 +243,20 @@ def test_coverage_counts_the_triton_kernels(tmp_path):
     (tmp_path / kernels.INDEX).write_text(json.dumps(dict(index, triton={"9.0": ["a" * 64, "b" * 64]})))
     ok, text = kernels.coverage(tmp_path, "9.0", {"smoke": kernels.SMOKE_TARGET})
     assert ok and "2 Triton kernel(s)" in text
+
+
+@needs_cc
+def test_kernels_build_notes_the_triton_kernels_in_the_index_and_leaves_stale_ones_out(recorded, tmp_path, capsys):
+    tmp, toy, rec, done = recorded
+    stale = tmp_path / "stale.jsonl"
+    line = json.loads(rec.read_text().splitlines()[0])
+    stale.write_text(json.dumps({**line, "fn_key": "0" * 64, "hash": "f" * 64}) + "\n")
+    out = tmp_path / "prebuilt"
+    out.mkdir()
+    kernels.build_triton(sys.executable, out, ["sm90", "sm100"], [str(rec), str(stale)], False, child_env(tmp, toy))
+    index = kernels.read_index(out)
+    assert index["triton"] == {"9.0": [done["hash"]]}  # nothing recorded for sm100, the stale one left out
+    err = capsys.readouterr().err
+    assert "1 recorded Triton kernel(s) left out, stale (first toykern.add_kernel: its source differs" in err
+    assert "9.0: Triton 1/2 kernels" in err
+    assert not [p for p in (out / triton_kernels.SUBDIR).rglob("__grp__*") if "f" * 8 in str(p)]
