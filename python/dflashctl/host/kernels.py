@@ -319,13 +319,14 @@ def build_triton(python: str, out: Path, archs: list[str], record_files: list[st
     """Triton's recorded kernels for each arch into `out`/triton, noted in the index."""
     index = read_index(out) or {"format": INDEX_FORMAT, "built": {}}
     failed = []
+    archs = [arch_version(a) for a in archs]
+    files = [Path(f) for f in record_files] + [f for a in archs if smoke for f in triton_kernels.smoke_records(a)]
+    records = triton_kernels.read_records(files)  # each record names its arch; build takes that arch's
+    if not records:
+        return
     with tempfile.TemporaryDirectory(prefix="dflash-libcuda-") as scratch:
         stub = libcuda_stub(env, Path(scratch), always=True)
-        for arch in map(arch_version, archs):
-            files = [Path(f) for f in record_files] + (triton_kernels.smoke_records(arch) if smoke else [])
-            records = triton_kernels.read_records(files)
-            if not records:
-                continue
+        for arch in archs:
             started = time.monotonic()
             done = triton_kernels.build(python, out, arch, records, env, stub)
             if not any(done.values()):

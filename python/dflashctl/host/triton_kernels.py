@@ -28,10 +28,11 @@ MANAGER = "dflash_triton_cache:PrebuiltFirst"  # kernel_hook/dflash_triton_cache
 DATA = Path(__file__).resolve().parent / "data"
 SMOKE_RECORDS = "triton-smoke-sm{arch}.jsonl"  # recorded by the default smoke on a GPU of that arch
 
-# python -c CHILD RECORDS_JSON STUB_DIR: compiles into $TRITON_CACHE_DIR, prints one JSON result list.
+# python -c CHILD RECORDS_JSON STUB_DIR WITH_CUDA_UTILS: compiles into $TRITON_CACHE_DIR, prints one
+# JSON result list; one child of a build also builds cuda_utils (WITH_CUDA_UTILS=1).
 CHILD = r'''
 import importlib, json, os, sys
-records, stub = json.load(open(sys.argv[1])), sys.argv[2]
+records, stub, with_cuda_utils = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3] == "1"
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource, make_backend
@@ -66,11 +67,12 @@ def helper(src, name):
         pass
 
 results = []
-try:
-    helper(open(os.path.join(nv.dirname, "driver.c")).read(), "cuda_utils")
-    results.append({"helper": "cuda_utils", "ok": True})
-except Exception as e:
-    results.append({"helper": "cuda_utils", "ok": False, "error": f"{type(e).__name__}: {e}"})
+if with_cuda_utils:
+    try:
+        helper(open(os.path.join(nv.dirname, "driver.c")).read(), "cuda_utils")
+        results.append({"helper": "cuda_utils", "ok": True})
+    except Exception as e:
+        results.append({"helper": "cuda_utils", "ok": False, "error": f"{type(e).__name__}: {e}"})
 for r in records:
     out = {"kernel": f"{r['module']}.{r['qualname']}", "hash": r["hash"], "ok": False}
     try:
@@ -165,9 +167,9 @@ def build(python: str, out: Path, arch_version: str, records: list[dict], env: d
         for i, part in enumerate(slices):
             f = Path(scratch, f"records-{i}.json")
             f.write_text(json.dumps(part))
-            children.append(subprocess.Popen([python, "-c", CHILD, str(f), str(stub)], env=child_env,
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                             stdin=subprocess.DEVNULL))
+            argv = [python, "-c", CHILD, str(f), str(stub), "1" if i == 0 else "0"]
+            children.append(subprocess.Popen(argv, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True, stdin=subprocess.DEVNULL))
         results, deadline = [], time.monotonic() + timeout
         for p in children:
             try:
@@ -187,4 +189,4 @@ def build(python: str, out: Path, arch_version: str, records: list[dict], env: d
     return {"built": sorted(r["hash"] for r in kernels if r["ok"]),
             "stale": [r for r in kernels if r.get("stale")],
             "failed": [r for r in kernels if not r["ok"] and not r.get("stale")]
-            + [r for r in helpers[:1] if not r["ok"]]}
+            + [r for r in helpers if not r["ok"]]}
