@@ -1,8 +1,8 @@
 """Python imports this at start-up because dflashctl put its directory first on PYTHONPATH.
 
-It installs the prebuilt-kernel hook (dflash_kernel_hook.py) when $DFLASH_PREBUILT_KERNELS,
-$DFLASH_KERNELS_RECORD or $DFLASH_TRITON_RECORD is set, then runs the interpreter's own sitecustomize, which this file
-shadows (nixpkgs' Python has one: it reads NIX_PYTHONPATH).
+It installs the prebuilt-kernel hook (dflash_kernel_hook.py: `install` patches what this process's
+settings ask for, nothing when none do), then runs the interpreter's own sitecustomize, which this
+file shadows (nixpkgs' Python has one: it reads NIX_PYTHONPATH).
 """
 import importlib.machinery
 import importlib.util
@@ -11,13 +11,12 @@ import sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
 
-if any(os.environ.get(v) for v in ("DFLASH_PREBUILT_KERNELS", "DFLASH_KERNELS_RECORD", "DFLASH_TRITON_RECORD")):
-    try:
-        import dflash_kernel_hook
-        dflash_kernel_hook.install()
-    except Exception as e:  # never stop SGLang: without the hook it compiles as it always did
-        print(f"[dflash kernels] hook not installed ({type(e).__name__}: {e}); SGLang compiles its "
-              "kernels itself", file=sys.stderr)
+try:
+    import dflash_kernel_hook
+    dflash_kernel_hook.install()
+except Exception as e:  # never stop SGLang: without the hook it compiles as it always did
+    print(f"[dflash kernels] hook not installed ({type(e).__name__}: {e}); SGLang compiles its "
+          "kernels itself", file=sys.stderr)
 
 
 def _run_the_shadowed_one() -> None:
