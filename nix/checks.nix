@@ -78,6 +78,13 @@ in
         toplevel: ${toplevel}
       '';
 
+  # The environment's big packages import from byte code, never compiled at each start (their
+  # store paths are read-only): doctor's bytecode check, run on dflash-env's own Python.
+  bytecode = pkgs.runCommand "dflash-check-bytecode" { } ''
+    ${pkgs.dflash-env}/bin/python3 ${./check-bytecode.py}
+    touch $out
+  '';
+
   # services.dflash booted in a NixOS VM with a stand-in SGLang: ready, restart, stop, broken host.
   nixos-vm = import ./vm-test.nix { inherit pkgs self; };
 

@@ -2,6 +2,8 @@
 
 import sys
 
+import pytest
+
 from dflashctl import errors
 from dflashctl.host import probes
 
@@ -185,3 +187,102 @@ def test_probe_slots_are_bounded_by_memory_not_cores():
     assert probes.probe_slots(16, 3 * gib) == 3 * gib // probes.PROBE_MEMORY_BYTES  # 4: a small host
     assert probes.probe_slots(16, 0) == 1  # never none
     assert probes.probe_slots(16, None) == 16  # unknown memory: all at once
+
+
+def _package(root, name="pkg", modules=4):
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "__init__.py").write_text("")
+    for i in range(modules - 1):
+        (d / f"m{i}.py").write_text(f"X = {i}\n")
+    return d
+
+
+def _bytecode(root, env_extra=None, names="pkg"):
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    env.update(PYTHONPATH=str(root), **(env_extra or {}))
+    return probes.run_probe(sys.executable, "bytecode", names, 30, env)
+
+
+def test_a_package_without_byte_code_is_named_with_the_compileall_fix(tmp_path):
+    pkg = _package(tmp_path)
+    r = _bytecode(tmp_path, {"PYTHONDONTWRITEBYTECODE": "1"})
+    assert r["ok"] and r["facts"]["packages"]["pkg"] == {"path": str(pkg), "modules": 4, "current": 0,
+                                                         "writable": True}
+    c = probes.check_bytecode(r, "/stack/bin/python3")
+    assert c.status == "warn" and "pkg 0/4" in c.summary and "every start compiles them" in c.summary
+    assert "PYTHONDONTWRITEBYTECODE" in c.summary
+    assert c.fix.startswith(f"/stack/bin/python3 -m compileall -q -j0 {pkg}")
+    r = _bytecode(tmp_path, {"PYTHONDONTWRITEBYTECODE": ""})
+    assert "the first start compiles them" in probes.check_bytecode(r).summary  # and writes them
+
+
+@pytest.mark.parametrize("mode", ["timestamp", "checked-hash", "unchecked-hash"])
+def test_compiled_byte_code_is_current_in_each_invalidation_mode(tmp_path, mode):
+    import subprocess
+    _package(tmp_path)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "--invalidation-mode", mode, str(tmp_path)],
+                   check=True)
+    r = _bytecode(tmp_path)
+    assert r["facts"]["packages"]["pkg"]["current"] == 4
+    c = probes.check_bytecode(r)
+    assert c.status == "ok" and c.summary == "pkg: 100 % of 4 modules have current byte code"
+
+
+@pytest.mark.parametrize("mode,still_current", [("timestamp", False), ("checked-hash", False),
+                                                ("unchecked-hash", True)])
+def test_an_edited_module_no_longer_counts_unless_its_byte_code_is_unchecked(tmp_path, mode, still_current):
+    import os
+    import subprocess
+    pkg = _package(tmp_path)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "--invalidation-mode", mode, str(tmp_path)],
+                   check=True)
+    (pkg / "m0.py").write_text("X = 'edited, longer'\n")
+    os.utime(pkg / "m0.py", (1, 1))  # a store-like mtime: only the hash or the size can tell
+    assert _bytecode(tmp_path)["facts"]["packages"]["pkg"]["current"] == (4 if still_current else 3)
+
+
+def test_a_read_only_package_without_byte_code_asks_for_an_install_with_it(tmp_path):
+    """As a Nix store path would be (root writes anywhere, so the facts are the real probe's, the
+    directory then marked read-only)."""
+    _package(tmp_path)
+    r = _bytecode(tmp_path, {"PYTHONDONTWRITEBYTECODE": ""})
+    r["facts"]["packages"]["pkg"]["writable"] = False
+    c = probes.check_bytecode(r)
+    assert c.status == "warn" and "their directories are read-only" in c.summary
+    assert "compileall" not in c.fix and "pip without --no-compile" in c.fix
+
+
+def test_missing_packages_are_left_out_and_a_failed_probe_is_a_warning(tmp_path):
+    _package(tmp_path)
+    r = _bytecode(tmp_path, names="pkg,no_such_package_here")
+    assert list(r["facts"]["packages"]) == ["pkg"]
+    c = probes.check_bytecode({"ok": False, "facts": {}, "error": "timed out after 30 s (killed)"})
+    assert c.status == "warn" and "cannot tell" in c.summary
+
+
+def test_a_background_probe_child_is_deprioritised(monkeypatch):
+    seen = []
+    monkeypatch.setattr(probes, "deprioritise", seen.append)
+    r = probes.run_probe(sys.executable, "python", background=True)
+    assert r["ok"] and len(seen) == 1 and isinstance(seen[0], int)
+    probes.run_probe(sys.executable, "python")
+    assert len(seen) == 1
+
+
+def test_deprioritise_nices_the_child_and_its_session(tmp_path):
+    import os
+    import subprocess
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        if os.getpriority(os.PRIO_PROCESS, child.pid) > probes.BACKGROUND_NICENESS:
+            pytest.skip("the tests already run at a lower priority than a background probe's")
+        probes.deprioritise(child.pid)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == probes.BACKGROUND_NICENESS
+        group = f"/proc/{child.pid}/autogroup"
+        if os.path.exists(group):
+            assert open(group).read().split()[-1] == str(probes.BACKGROUND_NICENESS)
+    finally:
+        child.kill()
+        child.wait()

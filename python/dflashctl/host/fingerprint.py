@@ -31,6 +31,7 @@ DOCTOR_PROBES = {
     **{f"grammar:{b}": ("grammar", b) for b in probes.GRAMMAR_BACKENDS},
     "flashinfer": ("flashinfer", ""), "soundfile": ("soundfile", ""), "transformers": ("transformers", ""),
     "sglang": ("sglang", ""), "nvcc": ("cuda_toolkit", ""), "gpus": ("gpus", gpus.LIBRARY),
+    "bytecode": ("bytecode", ",".join(probes.BYTECODE_PACKAGES)),
 }
 
 
@@ -143,20 +144,22 @@ def doctor_checks(results: dict, lock: dict, python_version: str, python: str = 
                for b in probes.GRAMMAR_BACKENDS]
     checks += [probes.check_flashinfer(results["flashinfer"]), probes.check_soundfile(results["soundfile"], stack),
                probes.check_transformers(results["transformers"], stack),
-               probes.check_sglang(results["sglang"], None, stack), probes.check_nvcc(results["nvcc"])]
+               probes.check_sglang(results["sglang"], None, stack), probes.check_nvcc(results["nvcc"]),
+               probes.check_bytecode(results["bytecode"], python)]
     return checks
 
 
 def build(python: str = sys.executable, lock_path: Path | str | None = None,
           timeout: float = 30.0, kernels_dir: str | None = None,
-          model_configs: dict[str, dict] | None = None) -> dict:
+          model_configs: dict[str, dict] | None = None, background: bool = False) -> dict:
     """Probe `python` and this host; the fingerprint as a JSON-ready dict. The probes see the
     driver the way serve's SGLang child will: through driver discovery's link directory. Without
     `lock_path`, the lock this dflashctl belongs to (lock/locate.py). The prebuilt kernels checked
     are `kernels_dir` (default $DFLASH_PREBUILT_KERNELS) for `model_configs` (default: the smoke's
-    target), so doctor's and smoke's fingerprints hold the same checks."""
+    target), so doctor's and smoke's fingerprints hold the same checks. `background`: the probes
+    yield the CPU to whatever else runs (smoke probes while its servers import)."""
     env, found = driver.locate(dict(os.environ))
-    results = probes.run_probes(python, DOCTOR_PROBES, timeout, env)
+    results = probes.run_probes(python, DOCTOR_PROBES, timeout, env, background)
     py = results.pop("python")
     if not py["ok"]:
         raise DflashError(f"cannot inspect {python}", probes.failure_text(py),

@@ -7,7 +7,7 @@ at the libnvidia-ml it found. The answers are plain data and can be saved as a r
     {"format": "dflashctl-nvml-recording", "version": 1, "recorded": "<UTC time>",
      "hostname": "...", "note": "...",
      "nvml": {"library": "...", "driver": "580.159.04", "cuda": "13.0", "nested_pid_namespace": false,
-              "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-...",
+              "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-...", "compute_capability": "9.0",
                         "memory_mib": {"total": 143771, "free": ..., "used": ...},
                         "utilization_percent": {"gpu": 0, "memory": 0} | null,
                         "processes": [{"pid": 4242, "name": "python3", "used_mib": 122880}] | null}]}}

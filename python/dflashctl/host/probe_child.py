@@ -274,6 +274,9 @@ def nvml_snapshot(library):
         gpu["name"] = buf.value.decode()
         call(f"GPU {i} UUID", nvml.nvmlDeviceGetUUID, handle, buf, 96)
         gpu["uuid"] = buf.value.decode()
+        major, minor = ctypes.c_int(), ctypes.c_int()  # which prebuilt kernels fit it (smoke's prewarm)
+        if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) == 0:
+            gpu["compute_capability"] = f"{major.value}.{minor.value}"
         mem = Memory()
         call(f"GPU {i} memory", nvml.nvmlDeviceGetMemoryInfo, handle, ctypes.byref(mem))
         gpu["memory_mib"] = {"total": mem.total // 2**20, "free": mem.free // 2**20, "used": mem.used // 2**20}
@@ -347,6 +350,54 @@ def probe_cuda_toolkit(_, facts):
             facts["nvcc_version"] = version("nvidia-cuda-nvcc")
             return
     raise FileNotFoundError("no nvidia/cu13/bin/nvcc in " + (", ".join(roots) or "any nvidia package"))
+
+
+def bytecode_is_current(source):
+    """Would this interpreter load `source` from its byte code instead of compiling it? The .pyc
+    where the import system looks (cache_from_source), with this interpreter's magic number, and
+    either the source's mtime and size (timestamp mode) or its hash (checked-hash mode, as Nix
+    builds write it; unchecked: current by definition)."""
+    import importlib.util
+    try:
+        with open(importlib.util.cache_from_source(source), "rb") as f:
+            header = f.read(16)
+    except (OSError, NotImplementedError, ValueError):
+        return False
+    if len(header) < 16 or header[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    flags = int.from_bytes(header[4:8], "little")
+    try:
+        if flags & 0b1:  # hash-based
+            if not flags & 0b10:
+                return True
+            with open(source, "rb") as f:
+                return importlib.util.source_hash(f.read()) == header[8:16]
+        st = os.stat(source)
+    except OSError:
+        return False
+    return (int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+            and int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF)
+
+
+def probe_bytecode(names, facts):
+    """For each top-level package in `names` (comma-separated): its modules, how many of them have
+    current byte code, whether its directory is writable. Reads files only: nothing is imported."""
+    import importlib.util
+    facts.update(dont_write_bytecode=bool(sys.flags.dont_write_bytecode), pycache_prefix=sys.pycache_prefix,
+                 packages={})
+    for name in filter(None, names.split(",")):
+        spec = importlib.util.find_spec(name)  # a top-level name: no package code runs
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        root = list(spec.submodule_search_locations)[0]
+        modules = current = 0
+        for directory, _, files in os.walk(root):
+            for file in files:
+                if file.endswith(".py"):
+                    modules += 1
+                    current += bytecode_is_current(os.path.join(directory, file))
+        facts["packages"][name] = {"path": root, "modules": modules, "current": current,
+                                   "writable": os.access(root, os.W_OK)}
 
 
 def probe_crash(_, facts):  # used by the tests: a native crash, as a broken extension would cause
