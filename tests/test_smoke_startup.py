@@ -148,6 +148,28 @@ def test_without_prewarm_the_servers_compile_at_first_use(tmp_path):
     assert "JIT prewarm: off (--no-jit-prewarm)" in p.stdout
 
 
+@pytest.mark.parametrize("built_for,prewarmed", [("9.0", False), ("10.0", True)])
+def test_no_prewarm_where_the_prebuilt_kernels_cover_this_gpu(tmp_path, built_for, prewarmed):
+    """The replayed NVML (tests/data/gpus/h200-idle.json, recorded on the H200) says compute
+    capability 9.0: kernels prebuilt for it leave the prewarm nothing to compile, and its imports
+    would only slow the servers'; built for another arch only, the prewarm runs."""
+    from dflashctl.host import kernels
+    prebuilt = tmp_path / "prebuilt"
+    prebuilt.mkdir()
+    (prebuilt / kernels.INDEX).write_text(json.dumps(
+        {"format": 1, "archs": [built_for], "built": {built_for: kernels.calls_for(kernels.SMOKE_TARGET)}}))
+    p = smoke(tmp_path, "--runs", "DFLASH", "--json", "result.json", DFLASH_PREBUILT_KERNELS=str(prebuilt))
+    assert p.returncode == 0, p.stderr
+    pre = json.loads((tmp_path / "result.json").read_text())["jit_prewarm"]
+    if prewarmed:
+        assert pre["enabled"] and len(pre["calls"]) == 7
+        assert "JIT prewarm: 7/7 kernel modules ready" in p.stdout
+    else:
+        assert pre == {"enabled": False, "covered": True, "reason": "prebuilt kernels: compute capability 9.0, "
+                       "1 model shape(s): every module prebuilt, no Triton kernels (they compile at the first start)"}
+        assert "JIT prewarm: not needed, prebuilt kernels: compute capability 9.0" in p.stdout
+
+
 def test_prewarm_calls_follow_the_model_shapes():
     from dflashctl.smoke import jit_prewarm, synthetic
     calls = jit_prewarm.calls_for(synthetic.target_config(synthetic.PairShape()))

@@ -20,9 +20,11 @@ PACKAGES = {"triton": "triton", "sglang": "sglang", "sglang_kernel": "sglang-ker
 
 
 class Probe:
-    """The fingerprint, built in a thread: probing takes a few seconds, the servers a minute."""
+    """The fingerprint, built in a thread: probing takes a few seconds, the servers a minute. Its
+    children run deprioritised: a dozen interpreters importing torch at once beside the servers'
+    own imports would slow the servers' start, which is what smoke measures."""
 
-    def __init__(self, python: str, lock_path: str, timeout: float = 60.0):
+    def __init__(self, python: str, lock_path: str, timeout: float = 120.0):
         self._fp: dict | None = None
         self._error = "not probed"
         self._thread = threading.Thread(target=self._run, args=(python, lock_path, timeout), daemon=True,
@@ -31,7 +33,7 @@ class Probe:
 
     def _run(self, python, lock_path, timeout):
         try:
-            self._fp = fingerprint.build(python, lock_path, timeout)
+            self._fp = fingerprint.build(python, lock_path, timeout, background=True)
         except DflashError as e:
             self._error = str(e).replace("\n  fix: ", "; ")
         except Exception as e:  # never let a probe failure cost the measurement

@@ -118,6 +118,8 @@ def line(pre: dict | None) -> str | None:
     """One line under the table."""
     if not pre:
         return None
+    if pre.get("covered"):
+        return f"JIT prewarm: not needed, {pre.get('reason')}"
     if not pre.get("enabled"):
         return (f"JIT prewarm: off ({pre.get('reason')}): each server compiled SGLang's kernels one by one "
                 "at first use")

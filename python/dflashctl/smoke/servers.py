@@ -244,8 +244,9 @@ def memory_plan(free_mib: int | None, demands: list[dict], fraction: float) -> d
     return {**plan, "together": True, "fraction": chosen}
 
 
-def free_gpu_mib(a, env=os.environ) -> int | None:
-    """Free memory of the GPU the servers will use, from NVML (a replayed recording in tests)."""
+def smoke_gpu(a, env=os.environ) -> dict | None:
+    """NVML's entry (a replayed recording in tests) for the GPU the servers will use: --gpu, else
+    the first of CUDA_VISIBLE_DEVICES, else the first listed; None where NVML cannot say."""
     try:
         result = gpus.read(a.python, env=driver.provide(dict(env))[0])
     except DflashError:
@@ -258,10 +259,13 @@ def free_gpu_mib(a, env=os.environ) -> int | None:
     if index is None:
         visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
         index = int(visible) if visible.isdigit() else listed[0].get("index", 0)
-    for g in listed:
-        if g.get("index") == index:
-            return (g.get("memory_mib") or {}).get("free")
-    return None
+    return next((g for g in listed if g.get("index") == index), None)
+
+
+def free_gpu_mib(a, env=os.environ) -> int | None:
+    """Free memory of the GPU the servers will use."""
+    gpu = smoke_gpu(a, env)
+    return (gpu.get("memory_mib") or {}).get("free") if gpu else None
 
 
 @dataclass

@@ -23,13 +23,14 @@ from pathlib import Path
 from dflashctl import __version__
 from dflashctl.errors import (DRAFTS_REJECTED, FAILED, GRAMMAR_VIOLATION, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE,
                               DflashError)
-from dflashctl.host import hub_cache
+from dflashctl.host import hub_cache, kernels
 from dflashctl.service import sglang_features
 from dflashctl.smoke import (acceptance, grammar, identity, jit_prewarm, loadgen, oracle, router_info, startup,
                              synthetic, tokenizer)
 from dflashctl.smoke.report import RunResult, summarise, table
 from dflashctl.smoke.servers import (SPECULATIVE, Fleet, RunSpec, driver_note, first_start_note, free_gpu_mib,
-                                     kv_tokens, memory_plan, say, server_demand_mib, start_server, stop_all)
+                                     kv_tokens, memory_plan, say, server_demand_mib, smoke_gpu, start_server,
+                                     stop_all)
 # /server_info fields kept in the result (the whole answer holds every server argument).
 SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculative_draft_model_path",
                     "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",
@@ -452,7 +453,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
                 _settings(a, runs, synthetic_pair, launch, "token ids" if synthetic_pair else "text"),
                 grammar=not a.no_grammar, pair=pair)
     plan.settings["pair"] = pair
-    started, prewarm = [], None
+    started, prewarm, not_prewarmed = [], None, None
     try:
         specs = _specs(a, plan, runs, work, phases, shape)
         say(f"runs: {', '.join(s.run for s in specs)}; launch {launch}; work dir {work}")
@@ -468,8 +469,8 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
         for group in groups:
             t = time.monotonic()
             fleet = Fleet([start_server(a, sp, launch, work, started, fraction) for sp in group], a.start_timeout)
-            if prewarm is None:
-                prewarm = _start_prewarm(a, specs[0].target, started[0])
+            if prewarm is None and not_prewarmed is None:
+                prewarm, not_prewarmed = _start_prewarm(a, specs[0].target, started[0])
             # By default each server is measured as soon as it is ready, while the others still
             # start (their CPU-bound compiling barely touches the GPU); --wait-all waits for all.
             queue = [fleet.next_ready() for _ in group] if a.wait_all else []
@@ -489,8 +490,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
                 stop_all(fleet.started)
         results.sort(key=lambda r: runs.index(r.name))
         plan.models = models_loaded(a, specs[0].target, specs[-1].draft, synthetic_pair, started, plan)
-        plan.jit_prewarm = prewarm.result() if prewarm else {
-            "enabled": False, "reason": "--no-jit-prewarm" if not a.jit_prewarm else "no local config.json"}
+        plan.jit_prewarm = prewarm.result() if prewarm else not_prewarmed
         caches = startup.jit_caches(started[0].server.env if started else os.environ, _triton_cache_of(started))
         plan.jit_compiled = startup.compiled_since(caches, jit_since)
         phases["start to table"] = time.monotonic() - t0
@@ -595,18 +595,28 @@ def models_line(models: list[dict]) -> str:
     return "models: " + "; ".join(parts)
 
 
-def _start_prewarm(a, target: str, first) -> "jit_prewarm.Prewarm | bool":
-    """The JIT helper, in the servers' environment, with the target's shapes; False when off or
-    when the target's config.json is not on this disk (a hub id: no shapes to compile for)."""
+def _start_prewarm(a, target: str, first) -> tuple["jit_prewarm.Prewarm | None", dict | None]:
+    """The JIT helper, in the servers' environment, with the target's shapes; or, where it is not
+    started, why (the result's jit_prewarm): off, no config.json on this disk (a hub id: no shapes
+    to compile for), or nothing to compile (the prebuilt kernels hold every module, and its
+    import of torch and SGLang would only slow the servers' own)."""
     if not a.jit_prewarm:
-        return False
+        return None, {"enabled": False, "reason": "--no-jit-prewarm"}
     try:
         cfg = json.loads((Path(target) / "config.json").read_text())
     except (OSError, ValueError):
         say("JIT prewarm skipped: no readable config.json in the target directory")
-        return False
+        return None, {"enabled": False, "reason": "no local config.json"}
+    env = first.server.env
+    root = env.get(kernels.PREBUILT_ENV)
+    cc = (smoke_gpu(a, env) or {}).get("compute_capability") if root else None
+    if cc:
+        covered, text = kernels.coverage(root, cc, {"target": cfg})
+        if covered:
+            say(f"JIT prewarm not needed: {root} holds them ({text})")
+            return None, {"enabled": False, "covered": True, "reason": f"prebuilt kernels: {text}"}
     say("JIT prewarm: compiling SGLang's JIT kernels in parallel while the servers import")
-    return jit_prewarm.Prewarm(a.python, first.server.env, jit_prewarm.calls_for(cfg))
+    return jit_prewarm.Prewarm(a.python, env, jit_prewarm.calls_for(cfg)), None
 
 
 def _startup_of(s) -> dict | None:
