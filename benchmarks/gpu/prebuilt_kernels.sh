@@ -30,13 +30,9 @@ mkdir -p "$OUT" /tmp/i21
 K=/tmp/i21/prebuilt
 RUNS_DIR=/tmp/i21/runs
 PY=python3
-BUDGET=${BUDGET:-540}
 summary="$OUT/summary.txt"
-ms() { echo $(( $(date +%s%N) / 1000000 )); }
-T0=$(ms)
-secs_since() { local d=$(( $(ms) - $1 )); printf '%d.%01d' $((d / 1000)) $((d % 1000 / 100)); }
-stamp() { printf '%7ss  %s\n' "$(secs_since "$T0")" "$*" | tee -a "$summary"; }
-left() { echo $(( BUDGET - ($(ms) - T0) / 1000 )); }
+LOGS_TAR=$OUT/logs-$phase.tar.gz
+source "$(dirname "$0")/common.sh"
 
 if [ ! -f /tmp/site/.unpacked ]; then
   [ -f "$D/payload.tar.xz" ] || { echo "no /tmp/site and no $D/payload.tar.xz: run the build phase first" | tee -a "$summary"; exit 3; }
@@ -50,63 +46,11 @@ CUTE_PATH=""
 export PYTHONPATH=$D/python:$CUTE_PATH/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 stamp "phase $phase: $(nproc) cores, $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1)"
 
-smoke_fresh() {  # label, then NAME=VALUE settings for the run (env), then -- and smoke arguments
-  local label=$1; shift
-  local dir=$RUNS_DIR/$label settings=()
-  while [ $# -gt 0 ] && [ "$1" != -- ]; do settings+=("$1"); shift; done
-  [ "${1:-}" = -- ] && shift
-  rm -rf "$dir"; mkdir -p "$dir/home"
-  local secs; secs=$(left); [ "$secs" -gt 170 ] && secs=170
-  if [ "$secs" -lt 50 ]; then stamp "$label: skipped, ${secs}s left"; return 1; fi
-  stamp "$label: start (${settings[*]}) limit ${secs}s"
-  local s rc; s=$(ms)
-  env -u TVM_FFI_CACHE_DIR -u FLASHINFER_WORKSPACE_BASE -u TRITON_CACHE_DIR -u TORCHINDUCTOR_CACHE_DIR \
-    -u CUDA_CACHE_PATH -u CUTE_DSL_CACHE_DIR HOME="$dir/home" XDG_CACHE_HOME="$dir/home/.cache" "${settings[@]}" \
-    timeout --signal=TERM --kill-after=15 "$secs" $PY -m dflashctl smoke --work-dir "$dir/work" \
-    --keep-logs "$dir/logs" --json "$OUT/$label.json" "$@" >"$dir/smoke.out" 2>&1
-  rc=$?
-  stamp "$label: exit $rc after $(secs_since "$s")s"
-  local jit=$dir/home/.cache/dflashctl/jit
-  {
-    grep -v '^\[smoke\]' "$dir/smoke.out" | cut -c1-400
-    echo "  writable tvm-ffi cache ($jit/tvm-ffi): $(ls "$jit/tvm-ffi" 2>/dev/null | wc -l) entries: $(ls "$jit/tvm-ffi" 2>/dev/null | tr '\n' ' ')"
-    echo "  flashinfer cache: $(find "$jit/flashinfer" -name '*.so' 2>/dev/null | tr '\n' ' ')"
-    echo "  CuTe-DSL cache: $(du -sh "${CUTE_CACHE:-$jit/cute-dsl}" 2>/dev/null | cut -f1) $(find "${CUTE_CACHE:-$jit/cute-dsl}" -type f 2>/dev/null | wc -l) files"
-    local tc=$dir/home/.cache/dflashctl/triton
-    echo "  triton cache: $(find "$tc" -mindepth 1 -maxdepth 1 -type d ! -empty 2>/dev/null | wc -l) entries with files," \
-      "$(find "$tc" -name '__grp__*' 2>/dev/null | wc -l) kernels, $(find "$tc" -name '*.so' 2>/dev/null | wc -l) helper modules:" \
-      "$(find "$tc" -name '__grp__*' 2>/dev/null | sed 's/.*__grp__//; s/\.json$//' | sort | uniq -c | tr -s ' \n' ' ')"
-    echo "  hook lines in the servers' logs:"
-    cat "$dir"/logs/*.log 2>/dev/null | grep -ho '\[dflash kernels\].*' | sort | uniq -c | cut -c1-250 | sed 's/^/    /'
-    echo "  flashinfer / JIT mentions:"
-    cat "$dir"/logs/*.log 2>/dev/null | grep -hiE 'MissingJITCache|JIT compilation is disabled|cutlass|cute' | head -5 | cut -c1-200 | sed 's/^/    /'
-  } >>"$summary"
-  if [ -f "$OUT/$label.json" ]; then
-    $PY - "$OUT/$label.json" "$label" >>"$summary" 2>&1 <<'PYEOF'
-import json, sys
-r, label = json.load(open(sys.argv[1])), sys.argv[2]
-p = r.get("phases_s", {})
-print(f"=== {label}: ok {r['ok']}, start to table {p.get('start to table')} s, "
-      + ", ".join(f"{x['name']} ready {x['startup_s']} s" for x in r.get("runs", [])))
-for x in r.get("runs", []):
-    print(f"    {x['name']} start-up: {(x.get('startup') or {}).get('seconds')}")
-    if x.get("lossless"):
-        print(f"    {x['name']} lossless: {x['lossless']}")
-pre = r.get("jit_prewarm") or {}
-print(f"    prewarm: {json.dumps({k: pre.get(k) for k in ('enabled', 'ok', 'wall_s', 'imports_s', 'error')})}")
-for name, c in (r.get("jit_compiled") or {}).items():
-    print(f"    compiled {name}: {c['compiled']} new, busy {c['busy_s']} s: {[m['module'] for m in c['modules'][:12]]}")
-PYEOF
-  fi
-  tar -C "$RUNS_DIR" -czf "$OUT/logs-$phase.tar.gz" $(cd "$RUNS_DIR" && ls -d ./*/logs ./*/smoke.out 2>/dev/null)
-  return $rc
-}
-
 build_args=()
 if [ "$phase" = triton ]; then
   REC=/tmp/i21/triton-record.jsonl
   rm -rf "$K" "$RUNS_DIR" "$REC"
-  smoke_fresh record DFLASH_TRITON_RECORD="$REC"
+  fresh_smoke record DFLASH_TRITON_RECORD="$REC"
   cp "$REC" "$OUT/triton-record-sm90.jsonl" 2>/dev/null
   stamp "recorded $(wc -l <"$REC" 2>/dev/null) kernel requests, $($PY -c "import json,sys; print(len({json.loads(l)['hash'] for l in open(sys.argv[1])}))" "$REC" 2>&1) distinct"
   build_args=(--triton-record "$REC")
@@ -128,23 +72,23 @@ if [ "$phase" = build ] || [ "$phase" = triton ]; then
   grep -A1 prebuilt-kernels "$OUT/doctor.txt" >>"$summary"
   [ -d "$K/triton" ] && { du -sh "$K/triton" >>"$summary"; ls "$K/triton" | wc -l >>"$summary"; }
   for i in $(seq 1 "${RUNS:-3}"); do
-    smoke_fresh "prebuilt$i" DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1
+    fresh_smoke "prebuilt$i" DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1
     if [ -d "$K/triton" ] && [ "$i" = 1 ]; then
-      smoke_fresh no-triton-layer DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1 \
+      fresh_smoke no-triton-layer DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1 \
         TRITON_CACHE_MANAGER=triton.runtime.cache:FileCacheManager
     fi
   done
   # Where the imports go (Python's own -X importtime, every SGLang process): last, it slows the run.
-  [ -n "${IMPORTTIME:-}" ] && smoke_fresh importtime DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1 \
+  [ -n "${IMPORTTIME:-}" ] && fresh_smoke importtime DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1 \
     PYTHONPROFILEIMPORTTIME=1
 else
   CUTE_CACHE=/tmp/i21/cute-cache
   rm -rf "$CUTE_CACHE"
   $PY -c "import cutlass, cutlass.cute; from importlib.metadata import version; print('cutlass-dsl', version('nvidia-cutlass-dsl'))" >>"$summary" 2>&1
-  CUTE_CACHE=$CUTE_CACHE smoke_fresh cute1 DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_USE_CUDA_NORM=0 \
+  CUTE_CACHE=$CUTE_CACHE fresh_smoke cute1 DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_USE_CUDA_NORM=0 \
     FLASHINFER_DISABLE_JIT=1 CUTE_DSL_CACHE_DIR="$CUTE_CACHE"
-  smoke_fresh aot-with-cutlass DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1
-  CUTE_CACHE=$CUTE_CACHE smoke_fresh cute2-cache-kept DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_USE_CUDA_NORM=0 \
+  fresh_smoke aot-with-cutlass DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1
+  CUTE_CACHE=$CUTE_CACHE fresh_smoke cute2-cache-kept DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_USE_CUDA_NORM=0 \
     FLASHINFER_DISABLE_JIT=1 CUTE_DSL_CACHE_DIR="$CUTE_CACHE"
 fi
 stamp "done"

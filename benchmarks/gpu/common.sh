@@ -1,0 +1,67 @@
+# Shared by the GPU evidence scripts (source it): a clock since the script started, lines stamped
+# with it into $summary, the seconds left of $BUDGET, and (fresh_smoke) one default smoke as a
+# first start on a fresh host. Before sourcing set: summary (the file stamped lines go to), and
+# for fresh_smoke also OUT, RUNS_DIR, PY and LOGS_TAR (the tar of every run's logs, rewritten
+# after each run, so a run cut short by the device's limit loses nothing before it).
+ms() { echo $(( $(date +%s%N) / 1000000 )); }
+T0=${T0:-$(ms)}
+BUDGET=${BUDGET:-540}
+secs_since() { local d=$(( $(ms) - $1 )); printf '%d.%01d' $((d / 1000)) $((d % 1000 / 100)); }
+stamp() { printf '%7ss  %s\n' "$(secs_since "$T0")" "$*" | tee -a "$summary"; }
+left() { echo $(( BUDGET - ($(ms) - T0) / 1000 )); }
+
+# fresh_smoke LABEL [NAME=VALUE ...] [-- SMOKE ARGUMENTS]: a fresh HOME and XDG cache (every JIT
+# cache empty; dflashctl names them under $XDG_CACHE_HOME/dflashctl/jit), at most 170 s or what is
+# left; then what the writable JIT caches gained, the hook's lines from the servers' logs, and
+# the result's start-up figures, into $summary. The JSON result is $OUT/LABEL.json.
+fresh_smoke() {
+  local label=$1; shift
+  local dir=$RUNS_DIR/$label settings=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do settings+=("$1"); shift; done
+  [ "${1:-}" = -- ] && shift
+  rm -rf "$dir"; mkdir -p "$dir/home"
+  local secs; secs=$(left); [ "$secs" -gt 170 ] && secs=170
+  if [ "$secs" -lt 50 ]; then stamp "$label: skipped, ${secs}s left"; return 1; fi
+  stamp "$label: start (${settings[*]}) limit ${secs}s"
+  local s rc; s=$(ms)
+  env -u TVM_FFI_CACHE_DIR -u FLASHINFER_WORKSPACE_BASE -u TRITON_CACHE_DIR -u TORCHINDUCTOR_CACHE_DIR \
+    -u CUDA_CACHE_PATH -u CUTE_DSL_CACHE_DIR HOME="$dir/home" XDG_CACHE_HOME="$dir/home/.cache" "${settings[@]}" \
+    timeout --signal=TERM --kill-after=15 "$secs" $PY -m dflashctl smoke --work-dir "$dir/work" \
+    --keep-logs "$dir/logs" --json "$OUT/$label.json" "$@" >"$dir/smoke.out" 2>&1
+  rc=$?
+  stamp "$label: exit $rc after $(secs_since "$s")s"
+  local jit=$dir/home/.cache/dflashctl/jit
+  {
+    grep -v '^\[smoke\]' "$dir/smoke.out" | cut -c1-400
+    echo "  writable tvm-ffi cache ($jit/tvm-ffi): $(ls "$jit/tvm-ffi" 2>/dev/null | wc -l) entries: $(ls "$jit/tvm-ffi" 2>/dev/null | tr '\n' ' ')"
+    echo "  flashinfer cache: $(find "$jit/flashinfer" -name '*.so' 2>/dev/null | tr '\n' ' ')"
+    echo "  CuTe-DSL cache: $(du -sh "${CUTE_CACHE:-$jit/cute-dsl}" 2>/dev/null | cut -f1) $(find "${CUTE_CACHE:-$jit/cute-dsl}" -type f 2>/dev/null | wc -l) files"
+    local tc=$dir/home/.cache/dflashctl/triton
+    echo "  triton cache: $(find "$tc" -mindepth 1 -maxdepth 1 -type d ! -empty 2>/dev/null | wc -l) entries with files," \
+      "$(find "$tc" -name '__grp__*' 2>/dev/null | wc -l) kernels, $(find "$tc" -name '*.so' 2>/dev/null | wc -l) helper modules:" \
+      "$(find "$tc" -name '__grp__*' 2>/dev/null | sed 's/.*__grp__//; s/\.json$//' | sort | uniq -c | tr -s ' \n' ' ')"
+    echo "  hook lines in the servers' logs:"
+    cat "$dir"/logs/*.log 2>/dev/null | grep -ho '\[dflash kernels\].*' | sort | uniq -c | cut -c1-250 | sed 's/^/    /'
+    echo "  flashinfer / JIT mentions:"
+    cat "$dir"/logs/*.log 2>/dev/null | grep -hiE 'MissingJITCache|JIT compilation is disabled|cutlass|cute' | head -5 | cut -c1-200 | sed 's/^/    /'
+  } >>"$summary"
+  [ -f "$OUT/$label.json" ] && $PY - "$OUT/$label.json" "$label" >>"$summary" 2>&1 <<'PYEOF'
+import json, sys
+r, label = json.load(open(sys.argv[1])), sys.argv[2]
+p = r.get("phases_s", {})
+print(f"=== {label}: ok {r['ok']}, start to table {p.get('start to table')} s, "
+      + ", ".join(f"{x['name']} ready {x['startup_s']} s" for x in r.get("runs", [])))
+for x in r.get("runs", []):
+    print(f"    {x['name']} start-up: {(x.get('startup') or {}).get('seconds')}")
+    if x.get("lossless"):
+        print(f"    {x['name']} lossless: {x['lossless']}")
+pre = r.get("jit_prewarm") or {}
+print(f"    prewarm: {json.dumps({k: pre.get(k) for k in ('enabled', 'ok', 'wall_s', 'imports_s', 'error', 'reason')})}")
+for name, c in (r.get("jit_compiled") or {}).items():
+    print(f"    compiled {name}: {c['compiled']} new, busy {c['busy_s']} s: {[m['module'] for m in c['modules'][:12]]}")
+ident = r.get("identity") or {}
+print(f"    identity: lock_matches {ident.get('lock_matches')}, unknown {ident.get('unknown')}")
+PYEOF
+  tar -C "$RUNS_DIR" -czf "$LOGS_TAR" $(cd "$RUNS_DIR" && ls -d ./*/logs ./*/smoke.out 2>/dev/null)
+  return $rc
+}
