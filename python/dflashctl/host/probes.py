@@ -383,7 +383,7 @@ BYTECODE_SHARE = 0.9  # below it a package counts as compiled at import (tests a
 
 def check_bytecode(r: dict, python: str = "python3") -> Check:
     """Do the stack's big packages import from byte code? Without it every SGLang process compiles
-    them at each start: on the H200 its imports took 2-2.5 times as long (docs/benchmarks.md)."""
+    them at each start: on the H200 its imports took about twice as long (docs/benchmarks.md)."""
     name, f = "bytecode", r["facts"]
     if not r["ok"]:
         return warn(name, f"cannot tell whether the stack has byte code: {failure_text(r)}",
@@ -403,7 +403,7 @@ def check_bytecode(r: dict, python: str = "python3") -> Check:
                "their directories are read-only")
         effect = f"every start compiles them ({why}), which about doubles SGLang's import time"
     else:
-        effect = "the first start compiles them (and writes byte code for the next), slower by about half"
+        effect = "the first start compiles them, about doubling its imports (and writes byte code for the next)"
     if len(writable) == len(lacking):
         fix = f"{python} -m compileall -q -j0 " + " ".join(writable) + " (what pip and Nix do at install)"
     else:
