@@ -181,3 +181,15 @@ def test_prewarm_calls_follow_the_model_shapes():
                 "torch_dtype": "bfloat16"}
     assert ["sglang.jit_kernel.rope", "_jit_fused_rope_module", [True, 128, "torch.bfloat16"]] in \
         jit_prewarm.calls_for(qwen3_8b)
+
+
+def test_a_stack_without_byte_code_is_named_under_the_start_up_lines():
+    """The identity's fingerprint holds doctor's bytecode check; a warning explains slow imports."""
+    warn = {"name": "bytecode", "status": "warn", "fix": "python3 -m compileall -q -j0 /site/torch",
+            "summary": "modules without current byte code: torch 0/2141: every start compiles them"}
+    result = {"runs": [], "identity": {"fingerprint": {"checks": [warn]}}}
+    assert startup.lines(result) == ["Python byte code: modules without current byte code: torch 0/2141: every "
+                                     "start compiles them; fix: python3 -m compileall -q -j0 /site/torch"]
+    result["identity"]["fingerprint"]["checks"] = [{**warn, "status": "ok"}]
+    assert startup.lines(result) == []
+    assert startup.lines({"runs": [], "identity": {"unknown": {}}}) == []  # --url: no fingerprint

@@ -194,7 +194,8 @@ def _union(items: list[dict]) -> float:
 # --- report -----------------------------------------------------------------------------------------
 
 def lines(result: dict) -> list[str]:
-    """Under the table: one line per server, one for the JIT prewarm, one for the JIT caches."""
+    """Under the table: one line per server, one for the JIT prewarm, one for the JIT caches, and
+    one where the stack lacks byte code."""
     out = []
     for run in result.get("runs", []):
         start = run.get("startup")
@@ -219,4 +220,9 @@ def lines(result: dict) -> list[str]:
                 parts.append(f"{name} {c['compiled']} kernels, written between {c['first_s']:.1f}s and "
                              f"{c['last_s']:.1f}s")
         out.append("JIT compiled during this smoke (seconds after the servers started): " + "; ".join(parts))
+    # Imports are most of a start once nothing compiles, and only fast from byte code (doctor's check).
+    checks = ((result.get("identity") or {}).get("fingerprint") or {}).get("checks", [])
+    bytecode = next((c for c in checks if c["name"] == "bytecode"), None)
+    if bytecode and bytecode["status"] != "ok":
+        out.append(f"Python byte code: {bytecode['summary']}; fix: {bytecode['fix']}")
     return out
