@@ -1,6 +1,6 @@
 # Shared by the GPU evidence scripts (source it): a clock since the script started, lines stamped
-# with it into $summary, the seconds left of $BUDGET, and (fresh_smoke) one default smoke as a
-# first start on a fresh host. Before sourcing set: summary (the file stamped lines go to), and
+# with it into $summary, the seconds left of $BUDGET, the payload unpacked, the scheduler's imports
+# timed, and (fresh_smoke) one default smoke as a first start on a fresh host. Before sourcing set: summary (the file stamped lines go to), and
 # for fresh_smoke also OUT, RUNS_DIR, PY and LOGS_TAR (the tar of every run's logs, rewritten
 # after each run, so a run cut short by the device's limit loses nothing before it).
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
@@ -9,6 +9,19 @@ BUDGET=${BUDGET:-540}
 secs_since() { local d=$(( $(ms) - $1 )); printf '%d.%01d' $((d / 1000)) $((d % 1000 / 100)); }
 stamp() { printf '%7ss  %s\n' "$(secs_since "$T0")" "$*" | tee -a "$summary"; }
 left() { echo $(( BUDGET - ($(ms) - T0) / 1000 )); }
+
+# unpack_payload D: the locked wheels of D/payload.tar.xz (gpu-payload) into /tmp/site, once a machine.
+unpack_payload() {
+  [ -f /tmp/site/.unpacked ] && return 0
+  [ -f "$1/payload.tar.xz" ] || { stamp "no /tmp/site and no $1/payload.tar.xz: carry the payload to this call"; exit 3; }
+  mkdir -p /tmp/site && xz -d -T8 <"$1/payload.tar.xz" | tar -x -C /tmp/site && touch /tmp/site/.unpacked
+}
+
+# What a spawned SGLang scheduler child imports (SGLang's HTTP server and scheduler), timed:
+# `$PY -c "$SCHEDULER_IMPORTS"` prints the seconds it took.
+SCHEDULER_IMPORTS='import time; t = time.monotonic()
+import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler
+print(f"{time.monotonic() - t:.2f}")'
 
 # fresh_smoke LABEL [NAME=VALUE ...] [-- SMOKE ARGUMENTS]: a fresh HOME and XDG cache (every JIT
 # cache empty; dflashctl names them under $XDG_CACHE_HOME/dflashctl/jit), at most 170 s or what is

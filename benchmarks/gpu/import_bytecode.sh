@@ -29,9 +29,7 @@ summary="$OUT/summary.txt"
 LOGS_TAR=$OUT/logs-bytecode.tar.gz
 source "$(dirname "$0")/common.sh"
 rm -rf "$RUNS_DIR"; mkdir -p "$RUNS_DIR"
-if [ ! -f /tmp/site/.unpacked ]; then
-  mkdir -p /tmp/site && xz -d -T8 <"$D/payload.tar.xz" | tar -x -C /tmp/site && touch /tmp/site/.unpacked
-fi
+unpack_payload "$D"
 export PYTHONPATH=$D/python:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 SYSTEM_SITE=$($PY -c "import importlib.util, os; print(os.path.dirname(os.path.dirname(importlib.util.find_spec('torch').origin)))")
 stamp "bytecode: $(nproc) cores; environment: $(env | grep -E '^PYTHON' | grep -v '^PYTHONPATH' | tr '\n' ' ')"
@@ -41,10 +39,7 @@ counts() {  # directory
 }
 stamp "payload /tmp/site: $(counts /tmp/site); device's $SYSTEM_SITE: torch $(counts "$SYSTEM_SITE/torch"), triton $(counts "$SYSTEM_SITE/triton"), all $(counts "$SYSTEM_SITE")"
 
-IMPORT='import time; t = time.monotonic()
-import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler
-print(f"{time.monotonic() - t:.2f}")'
-import_alone() { stamp "import $1: $($PY -c "$IMPORT" 2>&1 | tail -n1) s"; }
+import_alone() { stamp "import $1: $($PY -c "$SCHEDULER_IMPORTS" 2>&1 | tail -n1) s"; }
 doctor_line() {  # label: doctor's bytecode check, its JSON kept as doctor-LABEL.json
   $PY -m dflashctl doctor --json >"$OUT/doctor-$1.json" 2>/dev/null
   stamp "doctor $1: $($PY -c "import json, sys; c = [c for c in json.load(open(sys.argv[1]))['checks'] if c['name'] == 'bytecode'][0]; print(c['status'], c['summary'], '| fix:', c['fix'])" "$OUT/doctor-$1.json" 2>&1 | tail -n1)"
@@ -76,7 +71,7 @@ mkdir -p /tmp/i21/no-pycache
 fresh_smoke no-bytecode DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1 \
   PYTHONPYCACHEPREFIX=/tmp/i21/no-pycache PYTHONDONTWRITEBYTECODE=1
 if [ "$(left)" -gt 40 ]; then
-  $PY -X importtime -c "$IMPORT" 2>"$RUNS_DIR/importtime.txt" >/dev/null
+  $PY -X importtime -c "$SCHEDULER_IMPORTS" 2>"$RUNS_DIR/importtime.txt" >/dev/null
   gzip -c "$RUNS_DIR/importtime.txt" >"$OUT/importtime.txt.gz"
   stamp "importtime: $(wc -l <"$RUNS_DIR/importtime.txt") modules"
 fi

@@ -34,10 +34,7 @@ summary="$OUT/summary.txt"
 LOGS_TAR=$OUT/logs-$phase.tar.gz
 source "$(dirname "$0")/common.sh"
 
-if [ ! -f /tmp/site/.unpacked ]; then
-  [ -f "$D/payload.tar.xz" ] || { echo "no /tmp/site and no $D/payload.tar.xz: run the build phase first" | tee -a "$summary"; exit 3; }
-  mkdir -p /tmp/site && xz -d -T8 <"$D/payload.tar.xz" | tar -x -C /tmp/site && touch /tmp/site/.unpacked
-fi
+unpack_payload "$D"
 if [ "$phase" = cute ] && [ ! -f /tmp/site/.cute ]; then
   xz -d -T8 <"$D/cute.tar.xz" | tar -x -C /tmp/site && touch /tmp/site/.cute
 fi

@@ -40,16 +40,12 @@ smoke_as() {  # label, python tree
 smoke_as new1 "$NEW"
 smoke_as prev1 "$PREV"
 
-# A child's imports: python -c with a clock, the seconds on stdout.
-IMPORT='import time; t = time.monotonic()
-import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler
-print(f"{time.monotonic() - t:.2f}")'
 imports_at_once() {  # label, count; then an optional command run beside them
   local label=$1 n=$2; shift 2
   local s i pids=() side=""
   s=$(ms)
   [ $# -gt 0 ] && { "$@" >"$RUNS_DIR/$label.side" 2>&1 & side=$!; }
-  for i in $(seq 1 "$n"); do $PY -c "$IMPORT" >"$RUNS_DIR/$label.$i" 2>&1 & pids+=($!); done
+  for i in $(seq 1 "$n"); do $PY -c "$SCHEDULER_IMPORTS" >"$RUNS_DIR/$label.$i" 2>&1 & pids+=($!); done
   wait "${pids[@]}"
   local took=$(secs_since "$s")
   [ -n "$side" ] && wait "$side"
