@@ -353,7 +353,7 @@ def test_an_unreachable_router_and_a_wrong_admin_key_are_refused(host, tmp_path)
     h = host(1)
     dead = {**h.router.settings, "port": free_port()}
     (tmp_path / "dead.json").write_text(json.dumps(dead))
-    rc, _, err = h.rollout("--router", str(tmp_path / "dead.json"))
+    rc, _, err = h.rollout("--router", str(tmp_path / "dead.json"), "--router-wait", "1")
     assert rc == CONFIG and "cannot reach the router" in err and "--no-router" in err, err
 
     key = tmp_path / "admin-key"

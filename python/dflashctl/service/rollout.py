@@ -481,6 +481,9 @@ def register(subparsers) -> None:
     p.add_argument("--restart-command", metavar="CMD",
                    help="hosts without systemd: how to restart an instance ({name}, {unit} filled in); it "
                         "returns once the old process stopped, non-zero if the restart failed")
+    p.add_argument("--router-wait", type=float, default=60.0, metavar="SEC",
+                   help="how long a router that does not answer is waited for, at the start and between "
+                        "steps (60)")
     p.add_argument("--state-dir", metavar="DIR", help="where the lock and state live (default: "
                    "$STATE_DIRECTORY, /var/lib/dflash-rollout as root)")
     p.add_argument("--dry-run", action="store_true", help="say what would be restarted, restart nothing")
@@ -494,13 +497,15 @@ def options_of(args) -> Options:
         if value < lo:
             raise DflashError(f"{flag} {value} is out of range", f"it must be at least {lo}",
                               f"pass {flag} {lo} or more", CONFIG)
-    for flag, value in (("--ready-timeout", args.ready_timeout), ("--drain-timeout", args.drain_timeout)):
+    for flag, value in (("--ready-timeout", args.ready_timeout), ("--drain-timeout", args.drain_timeout),
+                        ("--router-wait", args.router_wait)):
         if value is not None and value <= 0:
             raise DflashError(f"{flag} {value} is out of range", "it must be positive",
                               f"leave {flag} out for the default", CONFIG)
     return Options(batch=args.batch, canary_prompts=0 if args.no_canary else 4, canary_tokens=args.canary_tokens,
                    require_identical=args.require_identical, healthy_for=args.healthy_for,
-                   ready_timeout=args.ready_timeout, drain_timeout=args.drain_timeout)
+                   ready_timeout=args.ready_timeout, drain_timeout=args.drain_timeout,
+                   router_wait=args.router_wait)
 
 
 def run(args) -> int:
@@ -520,7 +525,7 @@ def run(args) -> int:
         plan = rollout_plan.make_plan(cfgs, control if isinstance(control, Systemd) else None, left_out,
                                       only=args.only, every=args.all, resume=args.resume, batch=opts.batch)
         admin = RouterAdmin(rcfg.url, admin_key) if rcfg is not None else None
-        check_router(admin, plan, left_out)
+        check_router(admin, plan, left_out, opts.router_wait)
         if args.dry_run:
             return report_plan(plan, rcfg, args.json)
         sdnotify.notify("READY=1")  # the NixOS unit's start job ends here; the rollout goes on
@@ -547,16 +552,22 @@ def _on_signal(rollout: Rollout, signum: int) -> None:
             "(again to stop at once)")
 
 
-def check_router(admin: RouterAdmin | None, plan: Plan, left_out: dict) -> None:
-    """The router answers, takes the key, and routes to every instance the rollout will restart."""
-    if admin is None:
+def check_router(admin: RouterAdmin | None, plan: Plan, left_out: dict, wait: float) -> None:
+    """The router answers (within `wait` seconds: it may be starting), takes the key, and routes to
+    every instance the rollout will restart."""
+    if admin is None or not plan.targets:
         return
-    try:
-        listed = admin.by_url()
-    except RouterUnreachable as e:
-        raise DflashError(e.what, e.why, "start the router (`systemctl start dflash-router`), or pass "
-                          "--no-router to roll without it (each instance's port is down while it restarts)",
-                          CONFIG) from None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            listed = admin.by_url()
+            break
+        except RouterUnreachable as e:
+            if time.monotonic() >= deadline:
+                raise DflashError(e.what, f"{e.why} (for {wait:.0f} s)", "start the router (`systemctl start "
+                                  "dflash-router`), or pass --no-router to roll without it (each instance's "
+                                  "port is down while it restarts)", CONFIG) from None
+            time.sleep(POLL_S)
     missing = [t for t in plan.targets if t.cfg.base_url not in listed and t.name not in left_out]
     if missing:
         raise DflashError("not behind the router: " + ", ".join(f"{t.name} ({t.cfg.base_url})" for t in missing),
