@@ -9,6 +9,7 @@ Takes SGLang's flags (uses --port and --host, ignores the rest) and behaves as S
   stall            listens (503 to every health poll, logged as SGLang's access log would), logs a
                    loading line every STANDIN_PROGRESS_EVERY seconds for STANDIN_STALL_AFTER seconds,
                    then "Capturing CUDA graphs", then nothing more
+STANDIN_LISTEN_AFTER seconds pass before it listens at all (SGLang's imports and model load).
 It writes its argv as JSON to STANDIN_ARGV_FILE, appends a line to STANDIN_OK_FILE before each 200,
 and exits 0 on SIGTERM. For the systemd tier (tests/test_systemd.py), also:
   STANDIN_CHILDREN=N  start N helper processes in its process group that ignore SIGTERM (SGLang's
@@ -318,4 +319,5 @@ if mode == "stall":
 if mode == "silent":
     while True:
         time.sleep(3600)
+time.sleep(float(os.environ.get("STANDIN_LISTEN_AFTER", "0")))  # SGLang listens only after its imports
 http.server.ThreadingHTTPServer((host, port), Handler).serve_forever()
