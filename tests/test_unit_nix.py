@@ -394,7 +394,7 @@ def test_module_declares_dflashctls_settings_with_its_defaults(declared):
     assert declared["speculative"]["algorithm"]["values"] == list(config.ALGORITHMS)
     assert options["grammarBackend"]["values"] == list(config.GRAMMAR_BACKENDS)
     assert declared["top"] == sorted(["package", "dflashctlPackage", "hostCompilerPackage",
-                                      "kernelsPackage", "instances", "router"])
+                                      "kernelsPackage", "instances", "router", "upgrade", "rollout"])
     assert declared["kernels"] == {"type": "nullOr", "default": None, "hasDefault": True, "values": None}
 
 
