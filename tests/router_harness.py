@@ -244,7 +244,8 @@ def phase(outcomes: list[Outcome], t0: float, t1: float) -> dict:
     def q(p):
         return round(lat[min(len(lat) - 1, int(p * len(lat)))], 4) if lat else None
     ends = sorted(o.end for o in sel if o.status == 200)
-    gaps = [b - a for a, b in zip([t0] + ends, ends + [t1])]
+    until = min(t1, max((o.end for o in sel), default=t1))  # the window may reach past the load's end
+    gaps = [b - a for a, b in zip([t0] + ends, ends + [until])]
     return {"requests": len(sel), "failed": sum(o.status != 200 for o in sel),
             "p50_s": q(0.50), "p99_s": q(0.99), "seconds": round(t1 - t0, 1),
             "longest_without_answer_s": round(max(gaps), 2) if gaps else None,
