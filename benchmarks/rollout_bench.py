@@ -23,13 +23,12 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "python")]
-from rollout_harness import Supervisor, serve_argv  # noqa: E402
+from rollout_harness import Rotation, Supervisor, serve_argv  # noqa: E402
 from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body, phase  # noqa: E402
 
 from dflashctl.service import config, router_unit  # noqa: E402
@@ -46,34 +45,6 @@ def standin_settings(tmp: Path, n: int, token_delay: str, listen_after: float, r
                                                  "STANDIN_READY_AFTER": str(listen_after + ready_after)}}))
         out.append(p)
     return out
-
-
-class Rotation:
-    """The router's healthy workers every 0.1 s: the least seen, and for how long none was."""
-
-    def __init__(self, router: Router):
-        self.router, self.least, self.none_s = router, None, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        last = time.monotonic()
-        while not self._stop.is_set():
-            healthy = sum(self.router.workers().values())
-            now = time.monotonic()
-            self.least = healthy if self.least is None else min(self.least, healthy)
-            if healthy == 0:
-                self.none_s += now - last
-            last = now
-            time.sleep(0.1)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 def upgrade(mode: str, sup: Supervisor, files: list[Path], router: Router, tmp: Path, args) -> dict:

@@ -228,3 +228,39 @@ def serve_argv(settings: Path, standin: Path, python: str | None = None, preflig
     if python:
         argv += ["--python", python]
     return argv + ([] if preflight else ["--skip-preflight"])
+
+
+class Rotation:
+    """The router's healthy workers, read every 0.1 s beside a rollout (not the rollout's own count):
+    every sample, the least seen, and how long none was healthy. `with Rotation(router) as r:`."""
+
+    def __init__(self, router):
+        self.router, self.samples, self.none_s = router, [], 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def least(self) -> int | None:
+        return min(self.samples) if self.samples else None
+
+    def _run(self):
+        last = time.monotonic()
+        while not self._stop.is_set():
+            seen = self.router.workers()
+            now = time.monotonic()
+            if seen:
+                healthy = sum(seen.values())
+                self.samples.append(healthy)
+                if healthy == 0:
+                    self.none_s += now - last
+            last = now
+            time.sleep(0.1)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+

@@ -7,6 +7,7 @@ request when the previous one is answered, bounded by a request count and a dead
 """
 
 import http.client
+import importlib.util
 import json
 import os
 import signal
@@ -19,6 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
+
+HAVE_ROUTER = importlib.util.find_spec("sglang_router") is not None
+needs_router = pytest.mark.skipif(
+    not HAVE_ROUTER, reason="sglang-router 0.3.2 is not installed (pip install -e 'python[test]'; tests/run does)")
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(

@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,35 +21,10 @@ import pytest
 
 from dflashctl.errors import CONFIG, ROLLOUT_BUSY, ROLLOUT_STOPPED
 from dflashctl.service import config, rollout_state
-from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body, request
-from rollout_harness import Supervisor, serve_argv
-from test_router import needs_router
+from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body, needs_router
+from rollout_harness import Rotation, Supervisor, serve_argv
 
 pytestmark = [needs_router, pytest.mark.slow]
-
-
-class RotationWatch:
-    """The router's healthy workers, read every 0.1 s beside the rollout (not the rollout's own count)."""
-
-    def __init__(self, router: Router):
-        self.router, self.samples = router, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            seen = self.router.workers()
-            if seen:
-                self.samples.append(sum(seen.values()))
-            time.sleep(0.1)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 class Host:
@@ -135,7 +109,7 @@ def down_windows(inst) -> list[tuple[float, float]]:
 
 def test_a_rollout_answers_every_request_and_restarting_all_at_once_does_not(host):
     h = host(4)
-    with RotationWatch(h.router) as watch:
+    with Rotation(h.router) as watch:
         load = h.load()
         assert load.wait_for(lambda o: len(o) >= 200, 30)
         rc, result, err = h.rollout()
@@ -146,7 +120,7 @@ def test_a_rollout_answers_every_request_and_restarting_all_at_once_does_not(hos
     assert [s["outcome"] for s in result["instances"]] == ["done"] * 4
     assert all(s["canary"]["verdict"] == "identical" for s in result["instances"])
     assert failed(rolled) == [], failed(rolled)[:3]
-    least = min(watch.samples)
+    least = watch.least
     assert least >= 3 and result["min_in_rotation"] >= 3, (least, result)
     assert h.starts() == {f"gpu{i}": 2 for i in range(4)}  # each restarted once
     windows = sorted(w for inst in h.sup.instances.values() for w in down_windows(inst))
@@ -168,13 +142,13 @@ def test_a_rollout_answers_every_request_and_restarting_all_at_once_does_not(hos
 
 def test_batches_never_take_more_out_than_the_batch(host):
     h = host(4)
-    with RotationWatch(h.router) as watch:
+    with Rotation(h.router) as watch:
         load = h.load()
         rc, result, err = h.rollout("--batch", "2")
         outcomes = load.stop()
     assert rc == 0, err
     assert failed(outcomes) == []
-    assert min(watch.samples) == 2 and result["min_in_rotation"] == 2, watch.samples  # two out at a time
+    assert watch.least == 2 and result["min_in_rotation"] == 2, watch.samples  # two out at a time
     assert h.starts() == {f"gpu{i}": 2 for i in range(4)}
 
 

@@ -380,7 +380,6 @@ class Rollout:
         targets = self.plan.targets
         for i in range(0, len(targets), self.plan.batch):
             batch = targets[i:i + self.plan.batch]
-            names = [t.name for t in batch]
             if self.stopping:
                 return "interrupted", None
             label = f"[{i + 1}/{len(targets)}] " if len(batch) == 1 else f"[{i + 1}-{i + len(batch)}/{len(targets)}] "
