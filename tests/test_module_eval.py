@@ -95,8 +95,20 @@ def test_the_wiring_carries_the_pure_directives():
                                     "python": got["serviceConfig"]["ExecStart"].split()[-1]}])[0][0]
     d = want["units"]["a"]["directives"]
     service = dict(got["serviceConfig"])
-    settings = service.pop("ExecStart").split()[3]
-    assert service == {k: v for k, v in d["Service"].items() if k != "ExecStart"}
+    exec_start = service.pop("ExecStart")
+    settings = exec_start.split()[3]
+    digest = [e for e in service["Environment"] if e.startswith("DFLASH_UNIT_DIGEST=")]
+    service["Environment"] = [e for e in service["Environment"] if e not in digest]
+    want_service = {k: v for k, v in d["Service"].items() if k != "ExecStart"}
+    want_service["Environment"] = [e for e in want_service["Environment"] if not e.startswith("DFLASH_UNIT_DIGEST=")]
+    assert service == want_service
+    # the digest covers the unit as the module renders it, its store path of the settings included
+    from dflashctl.service.unit import definition_digest
+    unit_section = {"Description": got["description"], "After": got["after"], "Wants": got["wants"],
+                    **got["unitConfig"]}
+    assert digest == ["DFLASH_UNIT_DIGEST=" + definition_digest(
+        unit_section, {**service, "Environment": service["Environment"], "ExecStart": exec_start},
+        {"WantedBy": got["wantedBy"]}, None)]
     assert settings.endswith("-dflash-a.json")
     assert got["description"] == d["Unit"]["Description"]
     assert got["after"] == d["Unit"]["After"] and got["wants"] == d["Unit"]["Wants"]
@@ -181,3 +193,33 @@ def test_router_refusals_are_nixos_assertions():
 
 def test_no_router_unless_enabled():
     assert "dflash-router" not in evaluate({"a": QWEN})["services"]
+
+
+# --- services.dflash.upgrade -----------------------------------------------------------------------------
+
+def test_rolling_upgrades_are_the_default_with_the_router_and_restart_otherwise():
+    instances = {"a": QWEN, "b": {**QWEN, "gpus": [1], "port": 30001}}
+    rolling = evaluate(instances, router={"enable": True})["services"]
+    assert [rolling[f"dflash-{n}"]["restartIfChanged"] for n in "ab"] == [False, False]
+    rollout = rolling["dflash-rollout"]
+    argv = rollout["serviceConfig"]["ExecStart"].split()
+    assert argv[1:] == ["rollout", "--instance", "/nix/store/11111111111111111111111111111111-dflash-instances.json",
+                        "--router", "/etc/dflash-router.json", "--resume", "--batch", "1", "--healthy-for", "10"]
+    assert rollout["after"] == ["dflash-router.service", "dflash-a.service", "dflash-b.service"]
+    assert rollout["wantedBy"] == ["multi-user.target"] and rollout["serviceConfig"]["Type"] == "notify"
+    assert len(rollout["restartTriggers"]) == 2  # each instance's unit: a switch that changes one restarts it
+    restart = evaluate(instances)["services"]  # no router: NixOS restarts them, as before
+    assert "dflash-rollout" not in restart and restart["dflash-a"]["restartIfChanged"] is True
+
+
+def test_a_host_can_choose_either_way_and_tune_the_rollout():
+    host = '{ services.dflash.upgrade = "rolling"; services.dflash.rollout = { batch = 2; requireIdentical = true; }; }'
+    out = evaluate({"a": QWEN}, host=host)["services"]
+    argv = out["dflash-rollout"]["serviceConfig"]["ExecStart"].split()
+    assert "--no-router" in argv and argv[argv.index("--batch") + 1] == "2" and "--require-identical" in argv
+    out = evaluate({"a": QWEN}, host='{ services.dflash.upgrade = "restart"; }', router={"enable": True})
+    assert "dflash-rollout" not in out["services"] and out["services"]["dflash-a"]["restartIfChanged"] is True
+    with pytest.raises(Refused) as e:
+        evaluate({"a": QWEN}, host='{ services.dflash.upgrade = "all-at-once"; }')
+    assert "services.dflash.upgrade' is not of type" in str(e.value)
+

@@ -6,7 +6,6 @@ flags and the defaults of data/router-unit.json). Load is bounded by request cou
 no assertion is about time, only about what was answered and by whom.
 """
 
-import importlib.util
 import json
 import shutil
 import signal
@@ -20,11 +19,8 @@ import pytest
 from dflashctl import cli, errors
 from dflashctl.errors import DflashError
 from dflashctl.service import config, router, router_unit, unit_text
-from router_harness import Load, Router, Standin, free_port, generate_body, request, served_by
+from router_harness import Load, Router, Standin, free_port, generate_body, needs_router, request, served_by
 
-HAVE_ROUTER = importlib.util.find_spec("sglang_router") is not None
-needs_router = pytest.mark.skipif(
-    not HAVE_ROUTER, reason="sglang-router 0.3.2 is not installed (pip install -e 'python[test]'; tests/run does)")
 
 
 @pytest.fixture

@@ -501,6 +501,33 @@ def router_wheels(c: Container) -> Path:
     return out
 
 
+def install_router(c: Container, instances: list["Instance"]) -> "Instance":
+    """sglang-router 0.3.2 in its own venv (once per container) and dflash-router.service from
+    `dflashctl router-unit` in front of `instances`, not started."""
+    if c.run(["test", "-x", f"{ROUTER_VENV}/bin/python"], check=False).returncode != 0:
+        c.copy_tree(router_wheels(c), "/opt/router-wheels")
+        c.run(["python3", "-m", "venv", ROUTER_VENV])
+        c.run([f"{ROUTER_VENV}/bin/pip", "install", "-q", "--no-index", "--find-links", "/opt/router-wheels",
+               "sglang-router"], timeout=180)
+    argv = [DFLASHCTL, "router-unit", "--python", f"{ROUTER_VENV}/bin/python", "--dflashctl", DFLASHCTL,
+            "-o", "/etc/systemd/system/dflash-router.service", "--settings-output", "/etc/dflash-router.json"]
+    for inst in instances:
+        argv += ["--instance", f"/etc/dflash/{inst.name}.json"]
+    c.run(argv)
+    c.write(f"{TEST_DIR}/client.py", ROUTER_CLIENT)
+    c.run(["systemctl", "daemon-reload"])
+    return Instance(c, "router")  # dflash-router.service: the same systemctl/journal helpers
+
+
+def remove_router(c: Container, unit: "Instance") -> tuple:
+    stopped = unit.systemctl("stop", unit.unit)
+    view = unit.show("ActiveState", "Result")
+    journal = unit.journal()
+    c.run(["rm", "-f", "/etc/systemd/system/dflash-router.service"])
+    c.run(["systemctl", "daemon-reload"])
+    return stopped, view, journal
+
+
 @pytest.mark.parametrize("unit_source", ["dflashctl_unit"], indirect=True)
 def test_router_in_front_of_two_instances(deploy, container):
     """dflash-router.service from `dflashctl router-unit`, with sglang-router 0.3.2 in its own venv:
@@ -508,20 +535,10 @@ def test_router_in_front_of_two_instances(deploy, container):
     re-admits it, and stops cleanly within its stop timeout. No GPU: DevicePolicy=closed, no
     DeviceAllow (not enforced in the container, checked as systemd parsed it)."""
     c = container
-    wheels = router_wheels(c)
-    c.copy_tree(wheels, "/opt/router-wheels")
-    c.run(["python3", "-m", "venv", ROUTER_VENV])
-    c.run([f"{ROUTER_VENV}/bin/pip", "install", "-q", "--no-index", "--find-links", "/opt/router-wheels",
-           "sglang-router"], timeout=180)
     a, b = deploy("ra"), deploy("rb")
     for inst in (a, b):
         assert inst.start().returncode == 0, inst.journal()
-    unit = Instance(c, "router")  # dflash-router.service: the same systemctl/journal helpers
-    c.run([DFLASHCTL, "router-unit", "--instance", f"/etc/dflash/{a.name}.json", "--instance",
-           f"/etc/dflash/{b.name}.json", "--python", f"{ROUTER_VENV}/bin/python", "--dflashctl", DFLASHCTL,
-           "-o", "/etc/systemd/system/dflash-router.service", "--settings-output", "/etc/dflash-router.json"])
-    c.write(f"{TEST_DIR}/client.py", ROUTER_CLIENT)
-    c.run(["systemctl", "daemon-reload"])
+    unit = install_router(c, [a, b])
     try:
         r = unit.start()
         assert r.returncode == 0, unit.journal()
@@ -566,9 +583,111 @@ def test_router_in_front_of_two_instances(deploy, container):
         wait_served_by(ports[b.name])
         assert unit.show("ActiveState", "NRestarts") == {"ActiveState": "active", "NRestarts": "0"}
     finally:
-        stopped = unit.systemctl("stop", unit.unit)
-        view = unit.show("ActiveState", "Result")
-        journal = unit.journal()
-        c.run(["rm", "-f", "/etc/systemd/system/dflash-router.service"])
-        c.run(["systemctl", "daemon-reload"])
+        stopped, view, journal = remove_router(c, unit)
     assert stopped.returncode == 0 and view == {"ActiveState": "inactive", "Result": "success"}, (view, journal)
+
+
+# --- a rollout over real units ------------------------------------------------------------------------
+
+LOAD_CLIENT = r"""
+import json, sys, time, urllib.request, urllib.error
+url, seconds, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+body = json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}).encode()
+codes, end = [], time.monotonic() + seconds
+while time.monotonic() < end:
+    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            codes.append(r.status)
+    except urllib.error.HTTPError as e:
+        codes.append(e.code)
+    except OSError:
+        codes.append(0)
+json.dump(codes, open(out + ".part", "w"))
+import os; os.replace(out + ".part", out)
+"""
+
+
+def new_version(c: Container, inst: "Instance", marker: str, preflight: bool = False) -> None:
+    """A changed setting, its unit rendered again by `dflashctl unit`, `systemctl daemon-reload`:
+    what a non-NixOS host does to upgrade (the unit's DFLASH_UNIT_DIGEST changes with it)."""
+    path = f"/etc/dflash/{inst.name}.json"
+    cfg = json.loads(inst.read(path))
+    cfg["environment"]["STANDIN_VERSION"] = marker
+    c.write(path, json.dumps(cfg, indent=2))
+    c.write(f"/etc/systemd/system/{inst.unit}", dflashctl_unit_text(c, inst.name, cfg))
+    if preflight:  # the test drop-in's --skip-preflight goes: the real preflight runs, and fails here
+        c.write(f"/etc/systemd/system/{inst.unit}.d/test.conf",
+                f"[Service]\nEnvironment={shlex.quote('DFLASHCTL_SGLANG_LAUNCHER=' + LAUNCHER)}\n")
+    c.run(["systemctl", "daemon-reload"])
+
+
+def running_digest(inst: "Instance") -> tuple[str, str]:
+    """(the digest the running main process carries, the digest of the unit as systemd has it)."""
+    pid = inst.show("MainPID")["MainPID"]
+    env = inst.c.run(["cat", f"/proc/{pid}/environ"]).stdout.split("\0")
+    running = next(e.split("=", 1)[1] for e in env if e.startswith("DFLASH_UNIT_DIGEST="))
+    configured = re.search(r"DFLASH_UNIT_DIGEST=([0-9a-f]+)", inst.show("Environment")["Environment"]).group(1)
+    return running, configured
+
+
+@pytest.mark.parametrize("unit_source", ["dflashctl_unit"], indirect=True)
+def test_rollout_over_real_units(deploy, container):
+    """A host upgraded as README says for non-NixOS hosts: settings changed, units rendered again,
+    daemon-reload, `dflashctl rollout`. Under load through the router: every request answered, each
+    unit restarted once (a new InvocationID) into its new definition, the router never restarted;
+    run again, nothing to do; a version whose preflight fails stops at the first unit with
+    systemd's own status, and the other unit is not touched."""
+    c = container
+    a, b = deploy("rolla"), deploy("rollb")
+    for inst in (a, b):
+        assert inst.start().returncode == 0, inst.journal()
+    router = install_router(c, [a, b])
+    c.write(f"{TEST_DIR}/load.py", LOAD_CLIENT)
+    rollout = [DFLASHCTL, "rollout", "--instance", f"/etc/dflash/{a.name}.json", "--instance",
+               f"/etc/dflash/{b.name}.json", "--healthy-for", "1", "--json"]
+    try:
+        assert router.start().returncode == 0, router.journal()
+        url = f"http://127.0.0.1:{json.loads(c.run(['cat', '/etc/dflash-router.json']).stdout)['port']}"
+        for inst in (a, b):
+            assert running_digest(inst)[0] == running_digest(inst)[1]
+        nothing = c.run(rollout, check=False, timeout=WAIT_S)
+        assert nothing.returncode == 0 and json.loads(nothing.stdout)["instances"] == [], nothing.stderr
+        before = {i.name: i.show("InvocationID")["InvocationID"] for i in (a, b)}
+        for inst in (a, b):
+            new_version(c, inst, "2")
+            assert running_digest(inst)[0] != running_digest(inst)[1]  # systemd knows; the process predates it
+        c.run(["systemd-run", "--unit=dflash-test-load", "--collect", f"{VENV}/bin/python",
+               f"{TEST_DIR}/load.py", url, "25", "/root/load.json"])
+        time.sleep(2)
+        done = c.run(rollout, check=False, timeout=WAIT_S * 3)
+        assert done.returncode == 0, done.stderr + a.journal()
+        result = json.loads(done.stdout)
+        assert [(s["name"], s["outcome"], s["canary"]["verdict"]) for s in result["instances"]] == \
+            [(a.name, "done", "identical"), (b.name, "done", "identical")], result
+        for inst in (a, b):
+            assert inst.show("InvocationID")["InvocationID"] != before[inst.name]
+            assert running_digest(inst)[0] == running_digest(inst)[1]
+        end = time.monotonic() + WAIT_S
+        while c.run(["test", "-e", "/root/load.json"], check=False).returncode != 0 and time.monotonic() < end:
+            time.sleep(0.5)
+        codes = json.loads(c.run(["cat", "/root/load.json"]).stdout)
+        assert codes and set(codes) == {200}, {k: codes.count(k) for k in set(codes)}
+        assert router.show("NRestarts")["NRestarts"] == "0"
+        again = c.run(rollout, check=False, timeout=WAIT_S)
+        assert again.returncode == 0 and json.loads(again.stdout)["instances"] == [], again.stderr
+        assert {u["name"] for u in json.loads(again.stdout)["up_to_date"]} == {a.name, b.name}
+
+        invocation_b = b.show("InvocationID")["InvocationID"]
+        for inst in (a, b):
+            new_version(c, inst, "3", preflight=True)
+        failed = c.run(rollout, check=False, timeout=WAIT_S * 2)
+        assert failed.returncode == errors.ROLLOUT_STOPPED, failed.stderr
+        first, second = json.loads(failed.stdout)["instances"]
+        assert first["outcome"] == "failed" and "failed (exit 85): preflight" in first["error"], first
+        assert second["outcome"] == "not reached"
+        assert b.show("InvocationID")["InvocationID"] == invocation_b  # untouched, still serving
+        assert all(s == 200 for s, _ in json.loads(c.run(["python3", f"{TEST_DIR}/client.py", url, "10"]).stdout))
+    finally:
+        stopped, view, journal = remove_router(c, router)
+    assert stopped.returncode == 0, journal

@@ -205,18 +205,24 @@ rec {
     }:
     let
       i = instance;
-    in
-    {
-      Unit = {
-        Description = unitText.specifiers (
-          unitText.fill data.description {
-            inherit name;
-            inherit (i) model;
-          }
-        );
-      }
-      // data.unit;
-      Service =
+      d = {
+        Unit = {
+          Description = unitText.specifiers (
+            unitText.fill data.description {
+              inherit name;
+              inherit (i) model;
+            }
+          );
+        }
+        // data.unit;
+        Service = service;
+        Install = data.install;
+      };
+      # What the unit runs, as one value (dflashctl's unit.definition_digest, over the same JSON):
+      # the running process carries it in its environment, the unit the current one. The settings
+      # are in it through settingsFile, a store path that changes with them.
+      digest = builtins.substring 0 16 (builtins.hashString "sha256" (builtins.toJSON d));
+      service =
         data.service
         // {
           ExecStart = unitText.commandLine [
@@ -238,7 +244,12 @@ rec {
           }
           // optionalAttrs ((i.group or null) != null) { Group = i.group; }
         );
-      Install = data.install;
+    in
+    d
+    // {
+      Service = service // {
+        Environment = service.Environment ++ [ "DFLASH_UNIT_DIGEST=${digest}" ];
+      };
     };
 
   # The unit file of `directives`, lines sorted by key within a section (as NixOS writes them).

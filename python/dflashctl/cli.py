@@ -24,6 +24,7 @@ COMMANDS = {
     "unit": "dflashctl.service.unit",
     "router": "dflashctl.service.router",
     "router-unit": "dflashctl.service.router_unit",
+    "rollout": "dflashctl.service.rollout",
     "models": "dflashctl.service.models",
     "smoke": "dflashctl.smoke.smoke",
 }

@@ -4,6 +4,7 @@ The directives come from data/service-unit.json, the same file nix/module.nix re
 units cannot drift. One unit per instance (dflash-<name>.service), as instances are one per GPU set.
 """
 
+import hashlib
 import json
 import re
 import shutil
@@ -13,7 +14,11 @@ from pathlib import Path
 
 from dflashctl.errors import CONFIG, OK, DflashError
 from dflashctl.service import config, unit_text
+from dflashctl.service.instance_control import DIGEST_VAR
 from dflashctl.service.unit_text import unit_data
+
+DIGEST_LENGTH = 16  # hex digits: 64 bits tell two definitions of one unit apart
+
 
 def unit_name(cfg: config.InstanceConfig) -> str:
     return f"dflash-{cfg.name}.service"
@@ -63,6 +68,18 @@ def check_exec_start(paths: dict[str, str | None], settings_flag: str, settings_
                       "pass a path without control characters")
 
 
+def definition_digest(unit: dict, service: dict, install: dict, settings: dict | None) -> str:
+    """What the unit runs, as one value (instance_control.py): its directives, and its settings where
+    the unit names their file by a path whose content can change (/etc/dflash/<name>.json; the
+    module's settings file is a store path, so its directives say it all and it passes None). The
+    running process carries the digest in its environment, so a rollout can tell whether the
+    process runs the unit's current definition. nix/lib/service-unit.nix computes the same."""
+    canonical = json.dumps({"Unit": unit, "Service": service, "Install": install,
+                            **({"settings": settings} if settings is not None else {})},
+                           sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_LENGTH]
+
+
 def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python: str | None = None,
            systemd: int | None = None) -> str:
     """The unit text (DynamicUser). `systemd`: the host's version; directives it lacks are left out.
@@ -101,6 +118,7 @@ def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python:
         head.append(f"# Left out for systemd {systemd}: " + ", ".join(dropped))
     description = unit_text.fill(data["description"], name=cfg.name, model=cfg.model)
     unit = {"Description": unit_text.specifiers(description), **data["unit"]}
+    service["Environment"] = service["Environment"] + [f"{DIGEST_VAR}={definition_digest(unit, service, data['install'], config.to_dict(cfg))}"]
     lines = head + _section("Unit", unit, data["why"]) + [""] \
         + _section("Service", service, data["why"]) + [""] \
         + _section("Install", data["install"], data["why"])

@@ -57,6 +57,10 @@ let
               path = listOption types.unspecified;
               reloadTriggers = listOption types.unspecified;
               restartTriggers = listOption types.unspecified;
+              restartIfChanged = mkOption {
+                type = types.bool;
+                default = true;
+              };
               unitConfig = mkOption {
                 type = types.attrsOf types.unspecified;
                 default = { };
