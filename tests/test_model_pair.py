@@ -148,7 +148,8 @@ def test_the_reasons_name_the_values_and_sglangs_behaviour():
     by_rule = {f.rule: f for f in model_pair.check_pair(t, d, "DFLASH", None)}
     assert by_rule["vocab_size"].text == "drafter 128256 != target 151936"
     assert "acceptance near 1" in by_rule["vocab_size"].sglang
-    assert by_rule["num_target_layers"].text == "the drafter was trained on a target with 32 layers, this target has 36"
+    assert by_rule["num_target_layers"].text == ("the drafter was trained on a target with 32 layers, "
+                                                 "this target has 36")
     assert "use the drafter trained for this target" in by_rule["num_target_layers"].fix
     d = published(QWEN_DRAFT)
     d["dflash_config"]["target_layer_ids"] = [1, 9, 17, 25, 36]
@@ -277,6 +278,8 @@ def test_a_mask_token_the_tokenizer_cannot_hold_is_refused(tmp_path):
     (lambda d: (d / "config.json").write_bytes(b"\xff\xfe"), "models: draftModel config", "is not UTF-8"),
     (lambda d: (d / "model.safetensors.index.json").write_text("{"), "models: draftModel weights",
      "is not valid JSON"),
+    (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()), "models: draftModel config",
+     "cannot read"),  # an OSError on the way is named too
 ])
 def test_bad_drafter_files_are_named(tmp_path, damage, name, words):
     t = model_dir(tmp_path, QWEN, tokenizer=tokenizer_json(VOCAB))
@@ -360,8 +363,8 @@ def test_offline_hosts_read_the_pair_from_the_cache_only(tmp_path, hub):
     cached_pair(tmp_path / "hf2", draft=LLAMA_DRAFT, manifest=False)
     run = validate_models(hub_settings(tmp_path / "hf2"), tmp_path, hub)
     assert run.returncode == errors.PREFLIGHT_MODEL_PAIR, run.stderr
-    assert "the models do not fit" in run.stderr and "models: vocab_size: drafter 128256 != target 151936" in run.stderr
-    assert f"hub cache {tmp_path / 'hf2' / 'hub'} at commit {DRAFT_COMMIT}" not in run.stderr  # failures only
+    assert "the models do not fit" in run.stderr
+    assert "models: vocab_size: drafter 128256 != target 151936" in run.stderr
     assert "Traceback" not in run.stderr
     assert hub.requests == []  # never the hub
 
@@ -437,4 +440,5 @@ def test_the_shipped_registry_is_the_pinned_sglangs():
     for arch in ("Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"):
         assert arch in data["dflash_targets"] and arch in data["eagle3_targets"]
     assert "Qwen2ForCausalLM" in data["eagle3_targets"] and "Qwen2ForCausalLM" not in data["dflash_targets"]
-    assert data["dflash_drafters"] == ["DFlashDraftModel"] and data["eagle3_drafters"] == ["LlamaForCausalLMEagle3"]
+    assert data["dflash_drafters"] == ["DFlashDraftModel"]
+    assert data["eagle3_drafters"] == ["LlamaForCausalLMEagle3"]

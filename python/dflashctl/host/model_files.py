@@ -160,7 +160,10 @@ def weights(loc: Located) -> Weights:
     (for a hub model, missing is what host/hub_cache.py found: by the manifest's sizes if any)."""
     if loc.root is None:
         return Weights(None, [], "not on this host")
-    found = _weights(loc)
+    try:
+        found = _weights(loc)
+    except OSError as e:  # an unreadable directory or shard: named, never a traceback
+        raise ModelFileError(f"cannot read the weights in {loc.root}", e.strerror or str(e)) from None
     if loc.cached is not None:
         found.missing = list(loc.cached.missing)
     return found

@@ -180,9 +180,10 @@ def check_pairs(a, specs: list[RunSpec]) -> None:
             elif c.status == "fail":
                 failed.append(c)
     if failed:
+        listed = "".join(f"\n  - {c.name}: {c.summary}; fix: {c.fix}" for c in failed)
         raise DflashError(f"the model pair does not fit ({len(failed)} problem(s)); no server was started",
-                          "\n  - ".join([""] + [f"{c.name}: {c.summary}; fix: {c.fix}" for c in failed]).lstrip("\n"),
-                          "apply each fix above (docs/service.md, 'The model pair')", failed[0].exit_code)
+                          listed.lstrip("\n"), "apply each fix above (docs/service.md, 'The model pair')",
+                          failed[0].exit_code)
 
 
 def kv_tokens(a, spec: RunSpec) -> int | None:
