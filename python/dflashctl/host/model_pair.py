@@ -213,8 +213,9 @@ def _dflash_config(target: dict, draft: dict, num_draft_tokens, skip_tokenizer_i
         elif last:
             out.append(Finding("target_layer_ids", FAIL, f"{ids} name the target's last layer {n - 1}",
                                belongs, "the target records layer k's output at the input of layer k + 1 "
-                               "(models/llama.py, qwen2.py: layers_to_capture = id + 1), so the last layer "
-                               "is never captured and the first forward fails on the feature size"))
+                               "(layers_to_capture = id + 1 in models/llama.py, qwen2.py, gpt_oss.py), so "
+                               "the last layer is never captured and the first forward fails on the feature "
+                               "size (qwen3_moe.py indexes a layer past the last one)"))
     trained = f["num_target_layers"]
     if trained is not None and trained != n:
         out.append(Finding("num_target_layers", FAIL, f"the drafter was trained on a target with {trained} "
