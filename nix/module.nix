@@ -62,6 +62,19 @@ let
       touch $out
     '';
   ddtreeInstances = lib.filterAttrs (_: i: i.speculative.algorithm == "DDTREE") instances;
+  # Step 3, where the models are store paths (so the build can read them): the target and its
+  # drafter against each other and SGLang (`--models`: config, tokenizer, weights; exit 79 names
+  # each mismatch). Hub models are checked by serve's preflight, from the instance's cache.
+  modelsCheck =
+    name: i:
+    pkgs.runCommand "dflash-validate-${name}-models" { } ''
+      ${dflashctl} validate ${settingsFile name i} --models
+      touch $out
+    '';
+  inStore = p: p != null && lib.hasPrefix builtins.storeDir p;
+  storeModelInstances = lib.filterAttrs (
+    _: i: inStore i.model && (i.draftModel == null || inStore i.draftModel)
+  ) instances;
 
   speculativeOptions = {
     algorithm = mkOption {
@@ -509,7 +522,11 @@ let
 
     warnings = lib.concatLists (lib.mapAttrsToList serviceUnit.warnings instances);
 
-    system.checks = [ settingsCheck ] ++ lib.mapAttrsToList packageCheck ddtreeInstances;
+    system.checks = [
+      settingsCheck
+    ]
+    ++ lib.mapAttrsToList packageCheck ddtreeInstances
+    ++ lib.mapAttrsToList modelsCheck storeModelInstances;
 
     systemd.services =
       lib.mapAttrs' (name: i: lib.nameValuePair "dflash-${name}" (unitOf name i)) instances

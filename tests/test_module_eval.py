@@ -152,6 +152,13 @@ def test_assertions_warnings_and_checks_reach_nixos():
               "draftModel": "d"}})["warnings"]
     assert out["firewall"] == [30000]
     assert out["checks"] == ["dflash-validate-settings", "dflash-validate-b-package"]
+    # models that are store paths: the build reads the pair itself (`validate --models`)
+    store = {"model": "/nix/store/00000000000000000000000000000000-Qwen3-8B",
+             "draftModel": "/nix/store/00000000000000000000000000000000-Qwen3-8B-DFlash-b16",
+             "speculative": {"algorithm": "DFLASH"}}
+    out = evaluate({"a": QWEN, "c": {**QWEN, **store, "gpus": [1], "port": 30001},
+                    "d": {**QWEN, **store, "draftModel": "z-lab/Qwen3-8B-DFlash-b16", "gpus": [2], "port": 30002}})
+    assert out["checks"] == ["dflash-validate-settings", "dflash-validate-c-models"]
 
 
 def test_disabled_instances_have_no_unit():

@@ -8,7 +8,6 @@ hashed (sha256 for LFS files, the git blob id for the rest) and a manifest of th
 which preflight checks by size in milliseconds (host/hub_cache.py).
 """
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -39,14 +38,6 @@ def _hub():
                           "run dflashctl from the stack's environment (nix profile install "
                           ".#dflash-env, or the venv made from `dflashctl export`)", FAILED)
     return huggingface_hub
-
-
-def cache_env(cfg: config.InstanceConfig, cache_dir: str | None) -> dict[str, str]:
-    """The environment SGLang's hub client will see for this instance (HF_HOME)."""
-    env = {k: v for k, v in os.environ.items() if k in ("HOME", "XDG_CACHE_HOME", "HF_HOME")}
-    # The unit's CacheDirectory=%N is /var/cache/dflash-<name>; cacheDir replaces it.
-    home = cache_dir or cfg.cache_dir or f"/var/cache/dflash-{cfg.name}"
-    return sglang_args.build_env(dataclasses.replace(cfg, cache_dir=home), env)
 
 
 def file_digest(path: Path, algorithm: str, size: int) -> str:
@@ -182,7 +173,7 @@ def register(subparsers) -> None:
 def status(args) -> int:
     rows = []
     for cfg in instances_of(args.config):
-        env = cache_env(cfg, args.cache_dir)
+        env = sglang_args.cache_env(cfg, args.cache_dir)
         for role, model, rev in (("model", cfg.model, cfg.model_revision),
                                  ("draftModel", cfg.draft_model, cfg.draft_model_revision)):
             if model is not None and not hub_cache.is_local(model):
@@ -201,7 +192,7 @@ def run(args) -> int:
     say = (lambda s: print(s, file=sys.stderr, flush=True))
     results = []
     for cfg in instances_of(args.config):
-        env = cache_env(cfg, args.cache_dir)
+        env = sglang_args.cache_env(cfg, args.cache_dir)
         token = serve.read_hf_token(cfg, dict(os.environ)) if cfg.hf_token_file else \
             os.environ.get("HF_TOKEN") or None
         for model, rev in ((cfg.model, cfg.model_revision), (cfg.draft_model, cfg.draft_model_revision)):

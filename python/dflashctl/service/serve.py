@@ -1,10 +1,10 @@
 """`dflashctl serve --config FILE`: run one SGLang instance under systemd, ready only when it decodes.
 
-Order: settings (exit CONFIG) -> preflight probes in child processes, before any weights load (every
-failure listed with its fix; exit with the first one's code) -> SGLang in its own process group ->
-/health_generate answers -> READY=1; a start that stops making progress (no log output, no GPU
-memory change for stallTimeoutSec) is stopped and reported (exit SERVER_STALLED). A child that
-dies, before or after ready, is reported at once with the tail of its log.
+Order: settings (exit CONFIG) -> preflight probes in child processes and the model pair's files,
+before any weights load (every failure listed with its fix; exit with the first one's code) -> SGLang
+in its own process group -> /health_generate answers -> READY=1; a start that stops making progress
+(no log output, no GPU memory change for stallTimeoutSec) is stopped and reported (exit
+SERVER_STALLED). A child that dies, before or after ready, is reported at once with its log's tail.
 SIGTERM/SIGINT go to the whole process group; STOPPING=1 tells systemd we are on our way out.
 """
 
@@ -21,7 +21,7 @@ from dflashctl.errors import (CONFIG, OK, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGL
                               SERVER_DIED_AFTER_READY, DflashError)
 from dflashctl.host import cuda_home, driver, gpus, hub_cache, kernels
 from dflashctl.lock import locate
-from dflashctl.service import config, gpu_claim, sdnotify, sglang_args
+from dflashctl.service import config, gpu_claim, model_check, sdnotify, sglang_args
 from dflashctl.service.server import Server, _describe, _indent
 from dflashctl.service.stall import GpuMemory
 from dflashctl.service.validate import warnings_for
@@ -109,18 +109,30 @@ def lock_path() -> Path | None:
     return locate.find().path
 
 
-# Each step: (settings, python, child env) -> list of probes.Check. Every step runs, whatever the
-# others found, so one start names every problem; the first failure's code is the exit status.
-PREFLIGHT_STEPS = [probe_checks,
-                   lambda cfg, python, env: [gpu_claim.preflight_check(cfg, python, env)]]  # last: busy GPUs may free up
+def model_checks(cfg: config.InstanceConfig, python: str, child_env: dict[str, str],
+                 config_path: str) -> list:
+    """The target and its drafter, read where SGLang will load them (service/model_check.py), and
+    their weights against the GPUs' memory."""
+    found = model_check.check(cfg, child_env, config_path)
+    return found.checks + model_check.memory_checks(cfg, found.weight_bytes, python, child_env)
+
+
+# Each step: (settings, python, child env, settings file) -> list of probes.Check. Every step runs,
+# whatever the others found, so one start names every problem; the first failure's code is the exit
+# status.
+PREFLIGHT_STEPS = [lambda cfg, python, env, path: probe_checks(cfg, python, env),
+                   model_checks,
+                   lambda cfg, python, env, path: [gpu_claim.preflight_check(cfg, python, env)]]  # last: busy GPUs may free up
 STATUS_LIMIT = 3500  # the list of failures in STATUS=; sdnotify keeps it under systemd's datagram size
 
 
-def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]) -> None:
+def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str],
+              config_path: str = "<the settings file>") -> None:
     for w in jit_toolchain_warnings(child_env):
         say(f"preflight warning: {w}")
-    say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver, GPU memory")
-    checks = [c for step in PREFLIGHT_STEPS for c in step(cfg, python, child_env)]
+    say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver, "
+        "the model pair, GPU memory")
+    checks = [c for step in PREFLIGHT_STEPS for c in step(cfg, python, child_env, config_path)]
     for c in checks:
         if c.status == "warn":
             say(f"preflight warning: {c.name}: {c.summary}")
@@ -192,7 +204,8 @@ def register(subparsers) -> None:
     p.add_argument("--python", default=sys.executable, metavar="PATH",
                    help="interpreter with the stack (default: the one running dflashctl)")
     p.add_argument("--skip-preflight", action="store_true",
-                   help="start SGLang without the preflight probes (diagnosis only)")
+                   help="start SGLang without the preflight probes and the model-pair check "
+                        "(diagnosis only)")
     p.add_argument("--log-file", metavar="PATH",
                    help="SGLang's log (default: $LOGS_DIRECTORY or the temp dir); also echoed to stderr")
     p.add_argument("--launcher", metavar="CMD", default=os.environ.get(LAUNCHER_ENV),
@@ -244,7 +257,7 @@ def _run(args) -> int:
         "driver: no NVIDIA driver libraries found by discovery; the loader's own search decides")
     check_models_cached(cfg, child_env, args.config)  # a file check: kept with --skip-preflight
     if not args.skip_preflight:
-        preflight(cfg, args.python, child_env)
+        preflight(cfg, args.python, child_env, args.config)
     server = Server(launch_argv(cfg, args.python, api_key, args.launcher),
                     child_env, Path(args.log_file or default_log_path(cfg, env)),
                     cfg.base_url, api_key, echo=sys.stderr)

@@ -28,9 +28,9 @@ from dflashctl.service import sglang_features
 from dflashctl.smoke import (acceptance, grammar, identity, jit_prewarm, loadgen, oracle, router_info, startup,
                              synthetic, tokenizer)
 from dflashctl.smoke.report import RunResult, summarise, table
-from dflashctl.smoke.servers import (SPECULATIVE, Fleet, RunSpec, driver_note, first_start_note, free_gpu_mib,
-                                     kv_tokens, memory_plan, say, server_demand_mib, smoke_gpu, start_server,
-                                     stop_all)
+from dflashctl.smoke.servers import (SPECULATIVE, Fleet, RunSpec, check_pairs, driver_note, first_start_note,
+                                     free_gpu_mib, kv_tokens, memory_plan, say, server_demand_mib, smoke_gpu,
+                                     start_server, stop_all)
 # /server_info fields kept in the result (the whole answer holds every server argument).
 SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculative_draft_model_path",
                     "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",
@@ -456,6 +456,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
     started, prewarm, not_prewarmed = [], None, None
     try:
         specs = _specs(a, plan, runs, work, phases, shape)
+        check_pairs(a, specs)  # a real pair: serve's model-pair rules before any server starts
         say(f"runs: {', '.join(s.run for s in specs)}; launch {launch}; work dir {work}")
         say(driver_note())
         note = first_start_note()
