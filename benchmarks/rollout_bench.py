@@ -134,6 +134,9 @@ def main() -> None:
             router.wait_healthy(settings["workers"], timeout=120)
             for mode in (("rolling", "all") if args.mode == "both" else (args.mode,)):
                 results[mode] = measure(mode, sup, files, router, tmp, args)
+                print(json.dumps({mode: results[mode]}), flush=True)  # kept if a later mode is cut short
+                if args.json:
+                    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         finally:
             router.stop()
             sup.shutdown()
