@@ -37,7 +37,7 @@ class EventData(ctypes.Structure):  # nvmlEventData_t
 def main() -> None:
     nvml = ctypes.CDLL("libnvidia-ml.so.1")
     out: dict = {"format": "dflashctl-nvml-health-recording", "hostname": socket.gethostname(),
-                 "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "calls": {}}
+                 "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
     def call(fn_name: str, *args) -> int:
         fn = getattr(nvml, fn_name, None)
