@@ -41,8 +41,7 @@ let
 
   settingsOf =
     name: i: serviceUnit.settings name (serviceUnit.withPrebuiltKernels cfg.kernelsPackage i);
-  settingsFile =
-    name: i: pkgs.writeText "dflash-${name}.json" (builtins.toJSON (settingsOf name i));
+  settingsFile = name: i: pkgs.writeText "dflash-${name}.json" (builtins.toJSON (settingsOf name i));
   allSettings = pkgs.writeText "dflash-instances.json" (
     builtins.toJSON { instances = lib.mapAttrs settingsOf instances; }
   );
@@ -594,7 +593,9 @@ in
       circuitBreakerOpenSec =
         routerOption types.ints.positive "circuitBreakerOpenSec"
           "Seconds an open circuit breaker keeps a worker out.";
-      retries = routerOption types.ints.unsigned "retries" "Retries of a failed request on other workers.";
+      retries =
+        routerOption types.ints.unsigned "retries"
+          "Retries of a failed request on other workers.";
       requestTimeoutSec =
         routerOption types.ints.positive "requestTimeoutSec"
           "Seconds a request may take before the router gives up on it (a hung GPU).";

@@ -39,13 +39,18 @@ let
     if v6 != null then builtins.head v6 else builtins.head v4;
 
   loopbackOnly =
-    s: all (h: elem h loopback) ([ s.host s.metricsHost ] ++ map urlHost s.workers);
+    s:
+    all (h: elem h loopback) (
+      [
+        s.host
+        s.metricsHost
+      ]
+      ++ map urlHost s.workers
+    );
 
   credentials =
     s:
-    optional (
-      s.apiKeyFile != null
-    ) "${data.apiKeyCredential}:${unitText.specifiers s.apiKeyFile}"
+    optional (s.apiKeyFile != null) "${data.apiKeyCredential}:${unitText.specifiers s.apiKeyFile}"
     ++ optional (
       s.adminApiKeyFile != null
     ) "${data.adminApiKeyCredential}:${unitText.specifiers s.adminApiKeyFile}";
@@ -143,13 +148,15 @@ in
       keys = instanceKeys instances;
       taken = concatMap (
         n:
-        map (port: {
-          inherit port;
-          name = n;
-        }) [
-          instances.${n}.port
-          (instances.${n}.port + 10000)
-        ]
+        map
+          (port: {
+            inherit port;
+            name = n;
+          })
+          [
+            instances.${n}.port
+            (instances.${n}.port + 10000)
+          ]
       ) (attrNames instances);
       clash = key: filter (t: t.port == router.${key}) taken;
     in
@@ -160,20 +167,27 @@ in
       }
       {
         assertion =
-          builtins.length keys <= 1 && (keys == [ ] || elem router.apiKeyFile [
-            null
-            (head keys)
-          ]);
+          builtins.length keys <= 1
+          && (
+            keys == [ ]
+            || elem router.apiKeyFile [
+              null
+              (head keys)
+            ]
+          );
         message = "services.dflash.router.apiKeyFile: the instances' API keys differ from each other or from the router's (${toString keys}); sglang-router 0.3.2 checks clients against one key and sends that same key to every worker, so give every instance and the router one apiKeyFile";
       }
     ]
-    ++ map (key: {
-      assertion = clash key == [ ];
-      message = "services.dflash.router.${key}: ${toString router.${key}} clashes with instance '${(head (clash key)).name}' (an instance uses its port and, for SGLang's gRPC server, port + 10000); choose a free port";
-    }) [
-      "port"
-      "metricsPort"
-    ];
+    ++
+      map
+        (key: {
+          assertion = clash key == [ ];
+          message = "services.dflash.router.${key}: ${toString router.${key}} clashes with instance '${(head (clash key)).name}' (an instance uses its port and, for SGLang's gRPC server, port + 10000); choose a free port";
+        })
+        [
+          "port"
+          "metricsPort"
+        ];
 
   # { Unit, Service, Install }: directive -> value (a list is one line per element). `dflashctl`,
   # `python` (the router environment's interpreter) and `settingsFile` are absolute paths.

@@ -27,7 +27,9 @@ let
     dflashHostCompiler = package "gcc-wrapper";
     dflash-router-env = package "dflash-router-env";
     writeText = name: _: "/nix/store/11111111111111111111111111111111-${name}";
-    runCommand = name: _: _: package name;
+    runCommand =
+      name: _: _:
+      package name;
   };
   listOption =
     type:

@@ -57,5 +57,7 @@ in
     k: decl: if k == "speculative" then { type = "submodule"; } else declared decl
   ) (removeAttrs instance [ "package" ]);
   speculative = builtins.mapAttrs (_: declared) (submoduleOptions instance.speculative.type);
-  router = builtins.mapAttrs (_: declared) (removeAttrs module.options.services.dflash.router [ "package" ]);
+  router = builtins.mapAttrs (_: declared) (
+    removeAttrs module.options.services.dflash.router [ "package" ]
+  );
 }
