@@ -418,12 +418,14 @@ let
     description = mkDefault d.Unit.Description;
     after = d.Unit.After;
     wants = d.Unit.Wants;
+    before = d.Unit.Before or [ ];
     wantedBy = d.Install.WantedBy;
     unitConfig = lib.mapAttrs (_: mkDefault) (
       removeAttrs d.Unit [
         "Description"
         "After"
         "Wants"
+        "Before"
       ]
     );
     serviceConfig = lib.mapAttrs (_: mkDefault) d.Service;
@@ -467,10 +469,10 @@ let
     in
     serviceOf d
     // {
-      # Workers added or removed: `systemctl reload` (dflashctl router --sync, no dropped
-      # requests); any other setting: a restart.
-      reloadTriggers = [ (builtins.toJSON routerSettings.workers) ];
-      restartTriggers = [ (builtins.toJSON (removeAttrs routerSettings [ "workers" ])) ];
+      # Workers added or removed (instances, their ports, remoteWorkers): `systemctl reload`
+      # (dflashctl router --sync, no dropped requests); any other setting: a restart.
+      reloadTriggers = (routerUnit.triggers routerSettings).reload;
+      restartTriggers = (routerUnit.triggers routerSettings).restart;
     };
   routerEtc = lib.removePrefix "/etc/" routerUnit.data.settingsPath;
 

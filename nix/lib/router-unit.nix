@@ -7,6 +7,10 @@
 #
 # A settings file's content holds every key, as `dflashctl router-unit` writes it: workers,
 # instanceUnits, host, metricsHost, drainSec, apiKeyFile, adminApiKeyFile, ...
+#
+# The unit's text depends on the router's settings and packages only, never on which instances
+# there are (they order themselves Before= it, nix/lib/service-unit.nix): instances added or
+# removed change the workers alone, which `triggers` makes a reload.
 let
   inherit (builtins)
     all
@@ -189,6 +193,23 @@ in
           "metricsPort"
         ];
 
+  # What a running router takes without a restart: `systemctl reload` (ExecReload, `dflashctl
+  # router --sync`) makes its workers the settings' workers through the admin API. Everything else
+  # in the settings it reads at start. instanceUnits (which unit serves which worker, for tools)
+  # neither reads, so it triggers nothing. nix/module.nix gives these as the unit's reloadTriggers
+  # and restartTriggers: NixOS restarts a unit whose file changed, unless only X-Reload-Triggers did.
+  triggers = settings: {
+    reload = [ (builtins.toJSON settings.workers) ];
+    restart = [
+      (builtins.toJSON (
+        removeAttrs settings [
+          "workers"
+          "instanceUnits"
+        ]
+      ))
+    ];
+  };
+
   # { Unit, Service, Install }: directive -> value (a list is one line per element). `dflashctl`,
   # `python` (the router environment's interpreter) and `settingsFile` are absolute paths.
   directives =
@@ -203,10 +224,9 @@ in
       paths = { inherit dflashctl python settingsFile; };
     in
     {
+      # No instance here: each instance's unit orders itself Before= the router.
       Unit = data.unit // {
         Description = unitText.specifiers data.unit.Description;
-        After = data.unit.After ++ s.instanceUnits;
-        Wants = data.unit.Wants ++ s.instanceUnits;
       };
       Service =
         data.service

@@ -30,6 +30,7 @@ in
               default = "";
             };
             after = listOption types.str;
+            before = listOption types.str;
             wants = listOption types.str;
             wantedBy = listOption types.str;
             path = listOption types.unspecified;
