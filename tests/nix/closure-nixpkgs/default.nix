@@ -76,7 +76,6 @@ let
     concatMapStringsSep =
       sep: f: list:
       concatStringsSep sep (map f list);
-    optionalString = cond: s: if cond then s else "";
     hasInfix = infix: s: builtins.match ".*${infix}.*" s != null;
     cleanSource = src: src;
   };
