@@ -9,7 +9,8 @@
 # splits one; lists concatenate, attribute sets merge, a submodule (and each attribute of an
 # attrsOf submodule) is evaluated from its own definitions with its options' defaults; no
 # definition: the option's default. Types are not checked (NixOS's job, tier 2 and
-# tests/test_module_eval.py).
+# tests/test_module_eval.py). `lib` has what nix/module.nix calls; a function it starts to call
+# fails here as a missing attribute, and belongs below.
 #
 # `strings`: every string the host's configuration ends in, with its context (so, its store
 # dependencies): the module's outputs (units, settings files, system.checks, /etc, ...) evaluated
@@ -42,6 +43,13 @@ let
   type = name: extra: { inherit name; } // extra;
   lib = pkgs.lib // rec {
     mkOption = decl: decl // { _type = "option"; };
+    mkEnableOption =
+      description:
+      mkOption {
+        type = types.bool;
+        default = false;
+        inherit description;
+      };
     mkPackageOption =
       set: name: _:
       mkOption {
@@ -58,8 +66,16 @@ let
       package = type "package" { };
       port = type "port" { };
       unspecified = type "unspecified" { };
+      int = type "int" { };
+      float = type "float" { };
+      path = type "path" { };
+      lines = type "str" { };
+      attrs = type "attrs" { };
       ints.positive = type "int" { };
       ints.unsigned = type "int" { };
+      ints.between = _: _: type "int" { };
+      either = _: _: type "either" { };
+      oneOf = _: type "either" { };
       numbers.between = _: _: type "number" { };
       strMatching = _: type "str" { };
       enum = values: type "enum" { inherit values; };
@@ -104,6 +120,7 @@ let
     mapAttrs' = f: set: listToAttrs (map (n: f n set.${n}) (attrNames set));
     mapAttrsToList = f: set: map (n: f n set.${n}) (attrNames set);
     optional = cond: x: if cond then [ x ] else [ ];
+    optionals = cond: xs: if cond then xs else [ ];
     removePrefix =
       prefix: s:
       let
