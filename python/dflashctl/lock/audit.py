@@ -215,6 +215,12 @@ def check_replacements(name, w, wheel: Path, scan, view) -> tuple[int, list[str]
     return count, problems
 
 
+COLLIDING = {"file": "a file of each",
+             "script": "an entry-point script of each (console_scripts/gui_scripts)",
+             "bytecode": "byte code the install hook compiles for each of them (each .pyc names its own "
+                         "store path)"}
+
+
 def installed_files(name: str, scan: wheelfiles.Scan, view) -> list[tuple[str, str, str]]:
     """(path, digest, kind) of what package `name` leaves in $out: the wheel's files, its console
     scripts and the byte code the install hook compiles, less what its fix-up removes (compiled
@@ -241,10 +247,7 @@ def check_collisions(env: str, names: list[str], scans, view, lock_files) -> tup
         for path, digest, kind in installed_files(name, scans[name], view):
             if path in owners and owners[path][1] != digest:
                 other = owners[path][0]
-                what = {"bytecode": "byte code the install hook compiles for each of them (each .pyc "
-                                    "names its own store path)",
-                        "script": "an entry-point script of each (console_scripts/gui_scripts)"}.get(
-                    kind if kind != "file" else kinds[path], "a file of each")
+                what = COLLIDING.get(kind if kind != "file" else kinds[path], COLLIDING["file"])
                 problems.append(f"{env}: {path} is installed by both {lock_files[other]} and "
                                 f"{lock_files[name]} with different content ({what}): python.buildEnv "
                                 f"will stop on the collision; fix: a fix-up that removes it from one "
