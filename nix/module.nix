@@ -42,8 +42,7 @@ let
 
   settingsOf =
     name: i: serviceUnit.settings name (serviceUnit.withPrebuiltKernels cfg.kernelsPackage i);
-  settingsFile =
-    name: i: pkgs.writeText "dflash-${name}.json" (builtins.toJSON (settingsOf name i));
+  settingsFile = name: i: pkgs.writeText "dflash-${name}.json" (builtins.toJSON (settingsOf name i));
   allSettings = pkgs.writeText "dflash-instances.json" (
     builtins.toJSON { instances = lib.mapAttrs settingsOf instances; }
   );
@@ -433,12 +432,14 @@ let
     description = mkDefault d.Unit.Description;
     after = d.Unit.After or [ ];
     wants = d.Unit.Wants or [ ];
+    before = d.Unit.Before or [ ];
     wantedBy = d.Install.WantedBy;
     unitConfig = lib.mapAttrs (_: mkDefault) (
       removeAttrs d.Unit [
         "Description"
         "After"
         "Wants"
+        "Before"
       ]
     );
     serviceConfig = lib.mapAttrs (_: mkDefault) d.Service;
@@ -500,10 +501,10 @@ let
     in
     serviceOf d
     // {
-      # Workers added or removed: `systemctl reload` (dflashctl router --sync, no dropped
-      # requests); any other setting: a restart.
-      reloadTriggers = [ (builtins.toJSON routerSettings.workers) ];
-      restartTriggers = [ (builtins.toJSON (removeAttrs routerSettings [ "workers" ])) ];
+      # Workers added or removed (instances, their ports, remoteWorkers): `systemctl reload`
+      # (dflashctl router --sync, no dropped requests); any other setting: a restart.
+      reloadTriggers = (routerUnit.triggers routerSettings).reload;
+      restartTriggers = (routerUnit.triggers routerSettings).restart;
     };
   routerEtc = lib.removePrefix "/etc/" routerUnit.data.settingsPath;
 
@@ -671,7 +672,9 @@ in
       circuitBreakerOpenSec =
         routerOption types.ints.positive "circuitBreakerOpenSec"
           "Seconds an open circuit breaker keeps a worker out.";
-      retries = routerOption types.ints.unsigned "retries" "Retries of a failed request on other workers.";
+      retries =
+        routerOption types.ints.unsigned "retries"
+          "Retries of a failed request on other workers.";
       requestTimeoutSec =
         routerOption types.ints.positive "requestTimeoutSec"
           "Seconds a request may take before the router gives up on it (a hung GPU).";

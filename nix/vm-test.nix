@@ -5,14 +5,28 @@
 # (services.dflash.router, the pinned sglang-router) in front of it; `broken` runs the real
 # preflight over a stack whose Python has no torch, and checks that it fails within seconds, says why
 # in the unit's status and is not restarted. Needs nixpkgs and KVM: tier 2 only (docs/nix.md).
+#
+# Nothing here needs the CUDA stack: no host's closure holds dflash-env, dflash-kernels or a wheel
+# of nix/python-lock.json (tests/test_nix_checks.py reads each check's dependency derivations over a
+# stand-in nixpkgs). dflashctl is built from ./python as the flake builds it, but with nixpkgs'
+# `packaging` instead of the locked wheel; the instances' "stack" is a Python with dflashctl alone;
+# kernelsPackage is null. What a VM downloads besides NixOS itself: the router's environment
+# (nix/router-lock.json, 24 wheels, ~35 MiB) and the pinned host compiler (gcc14, from the binary cache).
 { pkgs, self }:
 let
-  dflashctl = self.packages.${pkgs.stdenv.hostPlatform.system}.dflashctl;
+  python = pkgs.python312;
   standIn = ../tests/data/service/standin_server.py;
+  dflashctl = pkgs.callPackage ./packages/dflashctl.nix {
+    inherit python;
+    inherit (python.pkgs) packaging;
+    lockFile = ./python-lock.json;
+  };
+  # The instances' environment: what `package` gives the unit (its bin/python), without SGLang.
+  standInEnv = python.withPackages (_: [ dflashctl ]);
 
   # dflashctl with SGLang replaced by the stand-in and the probes skipped (they need a GPU stack).
   dflashctlStandIn = pkgs.writeShellScriptBin "dflashctl" ''
-    export DFLASHCTL_SGLANG_LAUNCHER="${pkgs.python3.interpreter} ${standIn}"
+    export DFLASHCTL_SGLANG_LAUNCHER="${standInEnv}/bin/python ${standIn}"
     if [ "$1" = serve ]; then
       shift
       exec ${dflashctl}/bin/dflashctl serve --skip-preflight "$@"
@@ -22,7 +36,7 @@ let
   # A "stack" whose interpreter has no torch, no SGLang: what preflight must refuse.
   noStack = pkgs.runCommand "dflash-env-without-torch" { } ''
     mkdir -p $out/bin
-    ln -s ${pkgs.python3.interpreter} $out/bin/python
+    ln -s ${python.interpreter} $out/bin/python
   '';
 
   instance = {
@@ -34,11 +48,11 @@ let
       STANDIN_READY_AFTER = "2";
     };
   };
-  host = dflashctlPackage: router: {
+  host = dflashctlPackage: package: router: {
     imports = [ self.nixosModules.dflash ];
     services.dflash = {
-      inherit dflashctlPackage;
-      package = noStack;
+      inherit dflashctlPackage package;
+      kernelsPackage = null; # the flake's default builds SGLang's kernels with nvcc over the stack
       instances.a = instance;
       router.enable = router;
     };
@@ -47,8 +61,8 @@ let
 in
 pkgs.testers.runNixOSTest {
   name = "dflash-service";
-  nodes.good = host dflashctlStandIn true;
-  nodes.broken = host dflashctl false;
+  nodes.good = host dflashctlStandIn standInEnv true;
+  nodes.broken = host dflashctl noStack false;
   testScript = ''
     import time
     unit = "dflash-a.service"

@@ -104,7 +104,8 @@ def test_the_wiring_carries_the_pure_directives():
     assert service == want_service
     # the digest covers the unit as the module renders it, its store path of the settings included
     from dflashctl.service.unit import definition_digest
-    unit_section = {"Description": got["description"], "After": got["after"], "Wants": got["wants"],
+    unit_section = {"Description": got["description"], "After": got["after"], "Before": got["before"],
+                    "Wants": got["wants"],
                     **got["unitConfig"]}
     assert digest == ["DFLASH_UNIT_DIGEST=" + definition_digest(
         unit_section, {**service, "Environment": service["Environment"], "ExecStart": exec_start},
@@ -112,9 +113,10 @@ def test_the_wiring_carries_the_pure_directives():
     assert settings.endswith("-dflash-a.json")
     assert got["description"] == d["Unit"]["Description"]
     assert got["after"] == d["Unit"]["After"] and got["wants"] == d["Unit"]["Wants"]
+    assert got["before"] == d["Unit"]["Before"] == ["dflash-router.service"]
     assert got["wantedBy"] == d["Install"]["WantedBy"]
     assert got["unitConfig"] == {k: v for k, v in d["Unit"].items()
-                                 if k not in ("Description", "After", "Wants")}
+                                 if k not in ("Description", "After", "Wants", "Before")}
     assert got["path"] == ["/nix/store/00000000000000000000000000000000-gcc-wrapper"]
 
 
@@ -174,8 +176,9 @@ def test_router_wiring_carries_the_pure_directives_and_settings():
     out = evaluate(instances, router={"enable": True, "openFirewall": True, "drainSec": 60})
     got = out["services"]["dflash-router"]
     pure = nix_router({"drainSec": 60}, instances)["settings"]
-    assert got["after"] == ["network-online.target", "dflash-a.service", "dflash-b.service"]
-    assert got["wants"] == got["after"]  # Wants=, never Requires=: up while an instance is down
+    # no instance in the router's unit: each orders itself before it (their `before`)
+    assert got["after"] == got["wants"] == ["network-online.target"] and got["before"] == []
+    assert out["services"]["dflash-a"]["before"] == ["dflash-router.service"]
     service = got["serviceConfig"]
     assert service["ExecStart"].endswith(" router --config /etc/dflash-router.json --python "
                                          "/nix/store/00000000000000000000000000000000-dflash-router-env/bin/python")
@@ -185,7 +188,8 @@ def test_router_wiring_carries_the_pure_directives_and_settings():
     assert out["etc"] == {"dflash-router.json": "/nix/store/11111111111111111111111111111111-dflash-router.json"}
     # a change of workers reloads the router, any other change restarts it
     assert json.loads(got["reloadTriggers"][0]) == pure["workers"]
-    assert json.loads(got["restartTriggers"][0]) == {k: v for k, v in pure.items() if k != "workers"}
+    assert json.loads(got["restartTriggers"][0]) == {k: v for k, v in pure.items()
+                                                     if k not in ("workers", "instanceUnits")}
     assert "dflash-validate-router" in out["checks"] and 30080 in out["firewall"]
 
 

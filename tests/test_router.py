@@ -119,8 +119,10 @@ def test_rendered_unit_has_no_gpu_and_survives_a_down_instance(tmp_path):
     d = directives(render_cli(tmp_path, {"apiKeyFile": "/etc/dflash/key",
                                          "adminApiKeyFile": "/etc/dflash/admin"}).read_text())
     assert d["DevicePolicy"] == ["closed"] and "DeviceAllow" not in d and d["PrivateDevices"] == ["true"]
-    assert "dflash-a.service" in d["After"] and "dflash-b.service" in d["Wants"]
-    assert "Requires" not in d and "BindsTo" not in d and "Requisite" not in d
+    # No instance in the router's unit (each instance orders itself Before= it): its text stays the
+    # same when instances come and go. Nothing that would stop it with an instance either.
+    assert not any("dflash-a" in v or "dflash-b" in v for k in ("After", "Wants", "Before") for v in d.get(k, []))
+    assert "Requires" not in d and "BindsTo" not in d and "Requisite" not in d and "PartOf" not in d
     stop = int(d["TimeoutStopSec"][0].rstrip("s"))
     assert stop > json.loads((tmp_path / "router.json").read_text())["drainSec"]
     assert d["LoadCredential"] == ["router-api-key:/etc/dflash/key", "router-admin-api-key:/etc/dflash/admin"]
@@ -446,3 +448,106 @@ def test_module_router_refuses_what_dflashctl_refuses(given, instances, message,
 def test_module_router_needs_a_worker():
     got = nix_router({}, {})
     assert any("services.dflash.router: no workers" in m for m in got["failed"])
+
+
+# --- nixos-rebuild switch: which change reloads the router and which restarts it --------------------
+
+def nixos_router_unit(given: dict, instances: dict, python: str = "/nix/store/r-router-env/bin/python",
+                      dflashctl: str = "/nix/store/d-dflashctl/bin/dflashctl") -> dict:
+    """dflash-router.service as NixOS writes it from the module's data: nix/lib/router-unit.nix's
+    directives for `instances` (name -> options) and services.dflash.router `given`, and its
+    triggers as NixOS renders reloadTriggers/restartTriggers ([Unit] X-Reload-Triggers /
+    X-Restart-Triggers)."""
+    import nix_unit
+    from conftest import nix_or_skip
+    from nixeval import nix_env
+    full = {n: nix_unit.full_options(n, o) for n, o in instances.items()}
+    lib = Path(__file__).resolve().parent.parent / "nix" / "lib" / "router-unit.nix"
+    expr = (f"let r = import {lib}; o = builtins.fromJSON {json.dumps(json.dumps(_router_options(given)))};"
+            f" i = builtins.fromJSON {json.dumps(json.dumps(full))}; s = r.settings o i;"
+            f' d = r.directives {{ settings = s; dflashctl = "{dflashctl}"; python = "{python}";'
+            ' settingsFile = "/etc/dflash-router.json"; }; t = r.triggers s; in'
+            ' { Unit = d.Unit // { X-Reload-Triggers = t.reload; X-Restart-Triggers = t.restart; };'
+            ' Service = d.Service; }')
+    done = subprocess.run([nix_or_skip(), "eval", "--json", "--impure", "--expr", expr], capture_output=True,
+                          text=True, env=nix_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+
+    def lines(v):
+        v = v if isinstance(v, list) else [v]
+        return ["true" if x is True else "false" if x is False else str(x) for x in v]
+    return {sec: {k: lines(v) for k, v in d.items()} for sec, d in json.loads(done.stdout).items()}
+
+
+TWO = {"a": {"model": "m", "port": 30000, "gpus": [0]}, "b": {"model": "m", "port": 30001, "gpus": [1]}}
+ONE = {"a": TWO["a"]}
+ELSEWHERE = {"a": {**TWO["a"], "port": 30002}}
+RENAMED = {"c": TWO["a"]}
+
+
+@pytest.mark.nix
+@pytest.mark.parametrize("old, new, expected", [
+    ((ONE, {}), (TWO, {}), "reload"),  # an instance added
+    ((TWO, {}), (ONE, {}), "reload"),  # an instance removed
+    ((ONE, {}), (ELSEWHERE, {}), "reload"),  # an instance's port changed
+    ((ONE, {}), (ONE, {"remoteWorkers": ["http://127.0.0.1:40000"]}), "reload"),  # a remote worker on loopback
+    ((ONE, {}), (RENAMED, {}), "nothing"),  # an instance renamed, same URL: the router has nothing to do
+    ((ONE, {}), (ONE, {"policy": "cache_aware"}), "restart"),  # a router setting
+    ((ONE, {}), (ONE, {"port": 31080}), "restart"),  # the router's own port: it binds it at start
+    ((ONE, {}), (ONE, {"remoteWorkers": ["http://10.0.0.2:30000"]}), "restart"),  # IPAddressDeny/Allow go
+    ((ONE, {}), ({"a": {**TWO["a"], "apiKeyFile": "/run/k"}}, {}), "restart"),  # the key, LoadCredential
+], ids=["instance-added", "instance-removed", "instance-port", "loopback-remote-worker", "instance-renamed",
+        "router-setting", "router-port", "remote-worker-elsewhere", "instances-key"])
+def test_switch_reloads_the_router_for_workers_and_restarts_it_for_the_rest(old, new, expected):
+    """NixOS's switch rule (tests/nixos_switch.py, read from switch-to-configuration's source) over
+    the router's unit from the module's pure functions, per kind of change."""
+    import nixos_switch
+    before, after = nixos_router_unit(old[1], old[0]), nixos_router_unit(new[1], new[0])
+    assert nixos_switch.action(before, after) == expected, (before, after)
+
+
+@pytest.mark.nix
+def test_switch_restarts_the_router_for_a_new_package():
+    import nixos_switch
+    before = nixos_router_unit({}, ONE)
+    assert nixos_switch.action(before, nixos_router_unit({}, TWO)) == "reload"  # the control
+    assert nixos_switch.action(before, nixos_router_unit({}, ONE, python="/nix/store/r2-router-env/bin/python")) \
+        == "restart"  # services.dflash.router.package
+    assert nixos_switch.action(before, nixos_router_unit({}, ONE, dflashctl="/nix/store/d2/bin/dflashctl")) \
+        == "restart"  # services.dflash.dflashctlPackage: ExecStart and ExecReload
+
+
+@pytest.mark.nix
+def test_instances_come_and_go_without_touching_the_others_units():
+    """An instance's unit names the router (Before=), never another instance: adding or removing
+    one leaves the others' units equal, so NixOS does nothing to them."""
+    import nix_unit
+    import nixos_switch
+    a_alone = nixos_switch.parse(nix_unit.unit_text(ONE, "a"))
+    a_beside_b = nixos_switch.parse(nix_unit.unit_text(TWO, "a"))
+    assert nixos_switch.action(a_alone, a_beside_b) == "nothing"
+    assert a_alone["Unit"]["Before"] == [router_unit.UNIT_NAME]
+
+
+def test_the_switch_rule_as_read():
+    """tests/nixos_switch.py on units that differ in one way each."""
+    import nixos_switch as s
+    base = {"Unit": {"Description": ["x"], "After": ["a"], "X-Reload-Triggers": ["/nix/store/1-r"]},
+            "Service": {"ExecStart": ["/bin/x"]}, "Install": {"WantedBy": ["multi-user.target"]}}
+
+    def changed(section, key, value):
+        return {**base, section: {**base[section], key: value}}
+    assert s.action(base, base) == "nothing"
+    assert s.action(base, changed("Unit", "Description", ["y"])) == "nothing"
+    assert s.action(base, changed("Install", "WantedBy", ["other.target"])) == "nothing"
+    assert s.action(base, changed("Unit", "X-Reload-Triggers", ["/nix/store/2-r"])) == "reload"
+    assert s.action(base, changed("Unit", "After", ["a", "b"])) == "restart"
+    assert s.action(base, changed("Unit", "X-Restart-Triggers", ["/nix/store/3-r"])) == "restart"
+    assert s.action(base, changed("Service", "ExecStart", ["/bin/y"])) == "restart"
+    both = changed("Service", "ExecStart", ["/bin/y"])
+    both["Unit"] = {**both["Unit"], "X-Reload-Triggers": ["/nix/store/2-r"]}
+    assert s.action(base, both) == "restart"
+    skipped = changed("Service", "X-RestartIfChanged", ["false"])
+    assert s.action(base, skipped) == "nothing"
+    assert s.action(base, changed("Service", "X-ReloadIfChanged", ["true"])) == "reload"
+    assert s.parse("[Unit]\nAfter=a\nAfter=\nAfter=b\n[Install]\nWantedBy=x\n") == {"Unit": {"After": ["b"]}}

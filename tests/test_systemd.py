@@ -501,25 +501,27 @@ def router_wheels(c: Container) -> Path:
     return out
 
 
-def install_router(c: Container, instances: list["Instance"]) -> "Instance":
-    """sglang-router 0.3.2 in its own venv (once per container) and dflash-router.service from
-    `dflashctl router-unit` in front of `instances`, not started."""
-    if c.run(["test", "-x", f"{ROUTER_VENV}/bin/python"], check=False).returncode != 0:
-        c.copy_tree(router_wheels(c), "/opt/router-wheels")
-        c.run(["python3", "-m", "venv", ROUTER_VENV])
-        c.run([f"{ROUTER_VENV}/bin/pip", "install", "-q", "--no-index", "--find-links", "/opt/router-wheels",
-               "sglang-router"], timeout=180)
-    argv = [DFLASHCTL, "router-unit", "--python", f"{ROUTER_VENV}/bin/python", "--dflashctl", DFLASHCTL,
-            "-o", "/etc/systemd/system/dflash-router.service", "--settings-output", "/etc/dflash-router.json"]
-    for inst in instances:
-        argv += ["--instance", f"/etc/dflash/{inst.name}.json"]
-    c.run(argv)
-    c.write(f"{TEST_DIR}/client.py", ROUTER_CLIENT)
-    c.run(["systemctl", "daemon-reload"])
-    return Instance(c, "router")  # dflash-router.service: the same systemctl/journal helpers
+def install_router(c: Container) -> None:
+    """sglang-router 0.3.2 in its own venv in the container (once per container)."""
+    if c.run(["test", "-x", f"{ROUTER_VENV}/bin/python"], check=False).returncode == 0:
+        return
+    wheels = router_wheels(c)
+    c.copy_tree(wheels, "/opt/router-wheels")
+    c.run(["python3", "-m", "venv", ROUTER_VENV])
+    c.run([f"{ROUTER_VENV}/bin/pip", "install", "-q", "--no-index", "--find-links", "/opt/router-wheels",
+           "sglang-router"], timeout=180)
 
 
-def remove_router(c: Container, unit: "Instance") -> tuple:
+def render_router(c: Container, instances: list, unit_path: str = "/etc/systemd/system/dflash-router.service",
+                  settings_path: str = "/etc/dflash-router.json") -> str:
+    """`dflashctl router-unit` for `instances`, as a host without NixOS runs it; returns the unit text."""
+    args = [a for inst in instances for a in ("--instance", f"/etc/dflash/{inst.name}.json")]
+    c.run([DFLASHCTL, "router-unit", *args, "--python", f"{ROUTER_VENV}/bin/python", "--dflashctl", DFLASHCTL,
+           "-o", unit_path, "--settings-output", settings_path])
+    return c.run(["cat", unit_path]).stdout
+
+
+def remove_router(c: Container, unit: Instance) -> tuple:
     stopped = unit.systemctl("stop", unit.unit)
     view = unit.show("ActiveState", "Result")
     journal = unit.journal()
@@ -535,10 +537,14 @@ def test_router_in_front_of_two_instances(deploy, container):
     re-admits it, and stops cleanly within its stop timeout. No GPU: DevicePolicy=closed, no
     DeviceAllow (not enforced in the container, checked as systemd parsed it)."""
     c = container
+    install_router(c)
     a, b = deploy("ra"), deploy("rb")
     for inst in (a, b):
         assert inst.start().returncode == 0, inst.journal()
-    unit = install_router(c, [a, b])
+    unit = Instance(c, "router")  # dflash-router.service: the same systemctl/journal helpers
+    render_router(c, [a, b])
+    c.write(f"{TEST_DIR}/client.py", ROUTER_CLIENT)
+    c.run(["systemctl", "daemon-reload"])
     try:
         r = unit.start()
         assert r.returncode == 0, unit.journal()
@@ -564,8 +570,10 @@ def test_router_in_front_of_two_instances(deploy, container):
                          "Requires", "ActiveState")
         assert view["DevicePolicy"] == "closed" and view["PrivateDevices"] == "yes", view
         assert "nvidia" not in view["DeviceAllow"], view  # only what ProtectClock adds (char-rtc r)
-        assert {a.unit, b.unit} <= set(view["After"].split()) & set(view["Wants"].split()), view
-        assert not {a.unit, b.unit} & set(view["Requires"].split()), view  # up while they are down
+        # ordered after the instances by their own Before= (systemd shows it from both sides); it
+        # neither wants nor requires them: up while they are down, its unit names none of them
+        assert {a.unit, b.unit} <= set(view["After"].split()), view
+        assert not {a.unit, b.unit} & (set(view["Requires"].split()) | set(view["Wants"].split())), view
         assert usec(view["TimeoutStopUSec"]) > settings["drainSec"]
         # one instance stopped: the router stays active and every request is answered by the other
         assert a.systemctl("stop", a.unit).returncode == 0
@@ -587,26 +595,126 @@ def test_router_in_front_of_two_instances(deploy, container):
     assert stopped.returncode == 0 and view == {"ActiveState": "inactive", "Result": "success"}, (view, journal)
 
 
-# --- a rollout over real units ------------------------------------------------------------------------
-
-LOAD_CLIENT = r"""
-import json, sys, time, urllib.request, urllib.error
-url, seconds, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+ROUTER_LOAD = r"""
+import json, os, sys, threading, time, urllib.request, urllib.error
+url, out, stop, clients = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 body = json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}).encode()
-codes, end = [], time.monotonic() + seconds
-while time.monotonic() < end:
-    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            codes.append(r.status)
-    except urllib.error.HTTPError as e:
-        codes.append(e.code)
-    except OSError:
-        codes.append(0)
-json.dump(codes, open(out + ".part", "w"))
-import os; os.replace(out + ".part", out)
+lock, f = threading.Lock(), open(out, "a", buffering=1)
+def client():
+    deadline = time.monotonic() + 600
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        start = time.monotonic()
+        req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                rec = [time.time(), r.status, json.loads(r.read())["meta_info"]["id"].split("-")[1]]
+        except urllib.error.HTTPError as e:
+            rec = [time.time(), e.code, e.read()[:200].decode(errors="replace")]
+        except OSError as e:
+            rec = [time.time(), 0, str(e)]
+        with lock:
+            f.write(json.dumps(rec) + "\n")
+threads = [threading.Thread(target=client) for _ in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+open(out + ".done", "w").close()
 """
 
+
+@pytest.mark.parametrize("unit_source", ["dflashctl_unit"], indirect=True)
+def test_router_reload_adds_and_removes_a_worker_under_load(deploy, container):
+    """Instances come and go as `nixos-rebuild switch` (switch-to-configuration) handles it: the
+    router's unit is unchanged (it names no instance), its settings file gets the new workers,
+    `systemctl reload dflash-router` runs, and only then is the new instance started (reloads come
+    before starts there); a removed instance is stopped first, then the router reloaded. Under
+    closed-loop load throughout: no request fails, the new instance serves, and the router is never
+    restarted (same MainPID, NRestarts 0)."""
+    import nixos_switch
+    c = container
+    install_router(c)
+    a, b = deploy("la", standin={"token_delay": "0.01"}), deploy("lb", standin={"token_delay": "0.01"})
+    assert a.start().returncode == 0, a.journal()
+    unit = Instance(c, "router")
+    before = render_router(c, [a])
+    c.run(["systemctl", "daemon-reload"])
+    out, stop = f"{TEST_DIR}/load.jsonl", f"{TEST_DIR}/load.stop"
+    c.run(["rm", "-f", out, out + ".done", stop])
+    c.write(f"{TEST_DIR}/load.py", ROUTER_LOAD)
+    c.write(f"{TEST_DIR}/client.py", ROUTER_CLIENT)
+    try:
+        assert unit.start().returncode == 0, unit.journal()
+        settings = json.loads(c.run(["cat", "/etc/dflash-router.json"]).stdout)
+        url = f"http://127.0.0.1:{settings['port']}"
+        port = {i.name: str(json.loads(i.read(f"/etc/dflash/{i.name}.json"))["port"]) for i in (a, b)}
+        pid = unit.show("MainPID")["MainPID"]
+
+        def served() -> list:
+            records = []
+            for line in c.run(["cat", out], check=False).stdout.splitlines():
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    pass  # the line being written
+            return records
+
+        def wait_until(what: str, predicate, timeout: float = WAIT_S):
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                records = served()
+                if predicate(records):
+                    return records
+                time.sleep(0.5)
+            pytest.fail(f"load: not {what} after {timeout} s; {len(served())} answers\n{unit.journal()}")
+
+        # before the load starts, the router must have admitted a (else its first answers are 503s)
+        for _ in range(WAIT_S * 2):
+            if c.run(["python3", f"{TEST_DIR}/client.py", url, "1"], check=False).stdout.count("200"):
+                break
+            time.sleep(0.5)
+        c.run(["systemd-run", "--unit=dflash-test-load", "python3", f"{TEST_DIR}/load.py", url, out, stop, "4"])
+        wait_until("50 answers", lambda r: len(r) >= 50)
+
+        # an instance added: the same unit, new settings, reload, then the new instance starts
+        after = render_router(c, [a, b], unit_path=f"{TEST_DIR}/dflash-router.service")
+        assert nixos_switch.action(nixos_switch.parse(before), nixos_switch.parse(after)) == "nothing"
+        render_router(c, [a, b])
+        c.run(["systemctl", "daemon-reload"])
+        assert unit.systemctl("reload", unit.unit).returncode == 0, unit.journal()
+        assert b.start().returncode == 0, b.journal()
+        added = time.time()
+        wait_until(f"served by {b.name}", lambda r: sum(x[2] == port[b.name] for x in r if x[0] > added) >= 20)
+
+        # an instance removed: stopped first, then the settings without it and a reload
+        assert a.systemctl("stop", a.unit).returncode == 0
+        render_router(c, [b])
+        c.run(["systemctl", "daemon-reload"])
+        assert unit.systemctl("reload", unit.unit).returncode == 0, unit.journal()
+        removed = time.time()
+        wait_until("50 answers after the removal", lambda r: sum(x[0] > removed for x in r) >= 50)
+        c.run(["touch", stop])
+        for _ in range(WAIT_S * 2):
+            if c.run(["test", "-e", out + ".done"], check=False).returncode == 0:
+                break
+            time.sleep(0.5)
+        records = served()
+        failed = [x for x in records if x[1] != 200]
+        assert not failed, f"{len(failed)} of {len(records)} requests failed, first {failed[:3]}"
+        assert {x[2] for x in records if x[0] > removed} == {port[b.name]}  # a was stopped before it
+        assert unit.show("MainPID", "NRestarts") == {"MainPID": pid, "NRestarts": "0"}
+        journal = unit.journal()
+        assert f"added http://127.0.0.1:{port[b.name]}" in journal, journal
+        assert f"removed http://127.0.0.1:{port[a.name]}" in journal, journal
+        print(f"router reload under load: {len(records)} requests, 0 failed, "
+              f"{sum(x[2] == port[b.name] for x in records)} by the added instance")
+    finally:
+        c.run(["touch", stop], check=False)
+        c.run(["systemctl", "stop", "dflash-test-load"], check=False)
+        c.run(["systemctl", "reset-failed", "dflash-test-load"], check=False)
+        stopped, view, journal = remove_router(c, unit)
+    assert stopped.returncode == 0 and view == {"ActiveState": "inactive", "Result": "success"}, (view, journal)
+
+
+# --- a rollout over real units ------------------------------------------------------------------------
 
 def new_version(c: Container, inst: "Instance", marker: str, preflight: bool = False) -> None:
     """A changed setting, its unit rendered again by `dflashctl unit`, `systemctl daemon-reload`:
@@ -639,11 +747,17 @@ def test_rollout_over_real_units(deploy, container):
     run again, nothing to do; a version whose preflight fails stops at the first unit with
     systemd's own status, and the other unit is not touched."""
     c = container
+    install_router(c)
     a, b = deploy("rolla"), deploy("rollb")
     for inst in (a, b):
         assert inst.start().returncode == 0, inst.journal()
-    router = install_router(c, [a, b])
-    c.write(f"{TEST_DIR}/load.py", LOAD_CLIENT)
+    router = Instance(c, "router")
+    render_router(c, [a, b])
+    c.write(f"{TEST_DIR}/client.py", ROUTER_CLIENT)
+    c.write(f"{TEST_DIR}/load.py", ROUTER_LOAD)
+    c.run(["systemctl", "daemon-reload"])
+    out, stop = f"{TEST_DIR}/rollout-load.jsonl", f"{TEST_DIR}/rollout-load.stop"
+    c.run(["rm", "-f", out, out + ".done", stop])
     rollout = [DFLASHCTL, "rollout", "--instance", f"/etc/dflash/{a.name}.json", "--instance",
                f"/etc/dflash/{b.name}.json", "--healthy-for", "1", "--json"]
     try:
@@ -657,8 +771,12 @@ def test_rollout_over_real_units(deploy, container):
         for inst in (a, b):
             new_version(c, inst, "2")
             assert running_digest(inst)[0] != running_digest(inst)[1]  # systemd knows; the process predates it
-        c.run(["systemd-run", "--unit=dflash-test-load", "--collect", f"{VENV}/bin/python",
-               f"{TEST_DIR}/load.py", url, "25", "/root/load.json"])
+        for _ in range(WAIT_S * 2):  # the router admits both before the load starts
+            if c.run(["python3", f"{TEST_DIR}/client.py", url, "2"], check=False).stdout.count("200") == 2:
+                break
+            time.sleep(0.5)
+        c.run(["systemd-run", "--unit=dflash-test-load", "--collect", "python3", f"{TEST_DIR}/load.py", url,
+               out, stop, "4"])
         time.sleep(2)
         done = c.run(rollout, check=False, timeout=WAIT_S * 3)
         assert done.returncode == 0, done.stderr + a.journal()
@@ -668,11 +786,13 @@ def test_rollout_over_real_units(deploy, container):
         for inst in (a, b):
             assert inst.show("InvocationID")["InvocationID"] != before[inst.name]
             assert running_digest(inst)[0] == running_digest(inst)[1]
+        c.run(["touch", stop])
         end = time.monotonic() + WAIT_S
-        while c.run(["test", "-e", "/root/load.json"], check=False).returncode != 0 and time.monotonic() < end:
+        while c.run(["test", "-e", out + ".done"], check=False).returncode != 0 and time.monotonic() < end:
             time.sleep(0.5)
-        codes = json.loads(c.run(["cat", "/root/load.json"]).stdout)
-        assert codes and set(codes) == {200}, {k: codes.count(k) for k in set(codes)}
+        records = [json.loads(line) for line in c.run(["cat", out]).stdout.splitlines()]
+        failed = [x for x in records if x[1] != 200]
+        assert records and not failed, f"{len(failed)} of {len(records)} failed, first {failed[:3]}"
         assert router.show("NRestarts")["NRestarts"] == "0"
         again = c.run(rollout, check=False, timeout=WAIT_S)
         assert again.returncode == 0 and json.loads(again.stdout)["instances"] == [], again.stderr
@@ -689,5 +809,7 @@ def test_rollout_over_real_units(deploy, container):
         assert b.show("InvocationID")["InvocationID"] == invocation_b  # untouched, still serving
         assert all(s == 200 for s, _ in json.loads(c.run(["python3", f"{TEST_DIR}/client.py", url, "10"]).stdout))
     finally:
+        c.run(["touch", stop], check=False)
+        c.run(["systemctl", "stop", "dflash-test-load"], check=False)
         stopped, view, journal = remove_router(c, router)
     assert stopped.returncode == 0, journal

@@ -442,8 +442,11 @@ def test_vm_test_hosts_are_valid_configurations(vm_test):
         assert result["failedAssertions"] == [], name
         errors, _, _ = validate.check({"instances": {n: u["settings"] for n, u in result["units"].items()}})
         assert errors == [], name
+        assert node["kernelsPackage"] is None, name  # the flake's default would build the kernels
     assert "ln -s /stub/python3 $out/bin/python" in vm_test["nodes"]["broken"]["package"]["script"]
-    assert vm_test["nodes"]["broken"]["dflashctlPackage"] == "/stub/dflashctl"  # the real preflight
+    # the real preflight, in dflashctl built as the flake builds it (nixpkgs' packaging: no locked wheel)
+    assert vm_test["nodes"]["broken"]["dflashctlPackage"] == "/stub/dflashctl.nix"
+    assert vm_test["nodes"]["good"]["package"] == "/stub/python-env"  # a Python with dflashctl alone
 
 
 def test_vm_test_good_host_runs_the_stand_in_without_probes(vm_test):

@@ -115,9 +115,7 @@ let
 
   credentials =
     i:
-    optional (
-      i.apiKeyFile != null
-    ) "${data.apiKeyCredential}:${unitText.specifiers i.apiKeyFile}"
+    optional (i.apiKeyFile != null) "${data.apiKeyCredential}:${unitText.specifiers i.apiKeyFile}"
     ++ optional (
       i.hfTokenFile != null
     ) "${data.hfTokenCredential}:${unitText.specifiers i.hfTokenFile}";
@@ -191,7 +189,13 @@ rec {
     if kernels == null then
       i
     else
-      i // { environment = { DFLASH_PREBUILT_KERNELS = "${kernels}"; } // i.environment; };
+      i
+      // {
+        environment = {
+          DFLASH_PREBUILT_KERNELS = "${kernels}";
+        }
+        // i.environment;
+      };
 
   # { Unit, Service, Install }: directive -> value (a list is one line per element). `dflashctl`,
   # `python` and `settingsFile` are the absolute paths ExecStart runs.
@@ -322,7 +326,9 @@ rec {
     in
     map (dir: {
       assertion = false;
-      message = "services.dflash.instances.{${concatStringsSep "," byDir.${dir}}}.cacheDir: ${dir} is shared by DynamicUser instances, and systemd gives it to one dynamic user at a time; give each its own cacheDir, or run them as one static user";
+      message = "services.dflash.instances.{${
+        concatStringsSep "," byDir.${dir}
+      }}.cacheDir: ${dir} is shared by DynamicUser instances, and systemd gives it to one dynamic user at a time; give each its own cacheDir, or run them as one static user";
     }) (filter (dir: length byDir.${dir} > 1) (attrNames byDir));
 
   # Allowed but probably unwanted: the texts of `dflashctl validate`'s warnings (warnings.json).

@@ -2,8 +2,10 @@
 
 The workers are the instances whose settings files are given (this host's enabled ones), plus any
 `remoteWorkers` of other hosts in `--settings`. The directives come from data/router-unit.json (the
-Nix twin, nix/lib/router-unit.nix, reads the same file). The unit is ordered after the instances'
-units with Wants= (never Requires=): the router stays up, and keeps serving, while some are down.
+Nix twin, nix/lib/router-unit.nix, reads the same file). The unit names no instance: each
+instance's unit (`dflashctl unit`) orders itself Before= this one, so the router starts after them
+and stops before them, depends on none (it keeps serving while some are down), and its text stays
+the same when instances come and go: re-run this for the new settings file, then `systemctl reload`.
 """
 
 import json
@@ -68,8 +70,7 @@ def render(settings: dict, settings_path: str, dflashctl: str, python: str, syst
     data = router_unit_data()
     cfg = router.from_dict(settings)
     unit.check_exec_start({"--dflashctl": dflashctl, "--python": python}, "--settings-path", settings_path)
-    after = data["unit"]["After"] + list(cfg.instance_units)
-    unit_section = {**data["unit"], "After": after, "Wants": data["unit"]["Wants"] + list(cfg.instance_units)}
+    unit_section = dict(data["unit"])  # no instance: each orders itself Before= the router
     service = dict(data["service"])
     service["ExecStart"] = unit_text.command_line([dflashctl, "router", "--config", settings_path,
                                                    "--python", python])

@@ -5,7 +5,18 @@ let
   system = "x86_64-linux";
   pkgs = {
     stdenv.hostPlatform.system = system;
-    python3.interpreter = "/stub/python3";
+    python312 = {
+      interpreter = "/stub/python3";
+      pkgs.packaging = "nixpkgs-packaging";
+      withPackages = f: {
+        outPath = "/stub/python-env";
+        packages = f { };
+      };
+    };
+    callPackage = fn: args: {
+      outPath = "/stub/${baseNameOf fn}";
+      inherit (args) packaging;
+    };
     curl = "curl";
     writeShellScriptBin = name: text: { inherit name text; };
     runCommand = name: _: script: { inherit name script; };
@@ -21,6 +32,11 @@ in
   inherit (test) name testScript;
   nodes = builtins.mapAttrs (_: node: {
     inherit (node) imports;
-    inherit (node.services.dflash) instances package dflashctlPackage;
+    inherit (node.services.dflash)
+      instances
+      package
+      dflashctlPackage
+      kernelsPackage
+      ;
   }) test.nodes;
 }
