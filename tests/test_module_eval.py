@@ -171,7 +171,7 @@ def test_disabled_instances_have_no_unit():
 # --- services.dflash.router ----------------------------------------------------------------------------
 
 def test_router_wiring_carries_the_pure_directives_and_settings():
-    from test_router import nix_router
+    from nixos_host import nix_router
     instances = {"a": QWEN, "b": {**QWEN, "gpus": [1], "port": 30001}}
     out = evaluate(instances, router={"enable": True, "openFirewall": True, "drainSec": 60})
     got = out["services"]["dflash-router"]
