@@ -435,13 +435,22 @@ def vm_test() -> dict:
 
 
 def test_vm_test_hosts_are_valid_configurations(vm_test):
-    assert set(vm_test["nodes"]) == {"good", "broken"}
+    assert set(vm_test["nodes"]) == {"good", "broken", "restarting"}
     for name, node in vm_test["nodes"].items():
         assert node["imports"] == ["the flake's module"], name
-        result = nix_unit.evaluate(node["instances"])
-        assert result["failedAssertions"] == [], name
-        errors, _, _ = validate.check({"instances": {n: u["settings"] for n, u in result["units"].items()}})
-        assert errors == [], name
+        configurations = [node["instances"]] + [
+            {n: {**o, "environment": {**o.get("environment", {}), **spec.get(n, {}).get("environment", {})}}
+             for n, o in node["instances"].items()} for spec in node["specialisations"].values()]
+        for instances in configurations:  # the host, and each specialisation it switches to
+            result = nix_unit.evaluate(instances)
+            assert result["failedAssertions"] == [], name
+            errors, _, _ = validate.check({"instances": {n: u["settings"] for n, u in result["units"].items()}})
+            assert errors == [], name
+    # the upgrade under load: one host of each kind, two instances, both changed by the switch
+    for name, upgrade in (("good", "rolling"), ("restarting", "restart")):
+        node = vm_test["nodes"][name]
+        assert node["upgrade"] == upgrade and set(node["instances"]) == {"a", "b"}
+        assert set(node["specialisations"]["v2"]) == {"a", "b"}
         assert node["kernelsPackage"] is None, name  # the flake's default would build the kernels
     assert "ln -s /stub/python3 $out/bin/python" in vm_test["nodes"]["broken"]["package"]["script"]
     # the real preflight, in dflashctl built as the flake builds it (nixpkgs' packaging: no locked wheel)
