@@ -373,11 +373,13 @@ class Rollout:
     # --- the loop ----------------------------------------------------------------------------------
     def run(self, api_key_of) -> tuple[str, StepFailed | None]:
         """('done' | 'failed' | 'interrupted', the failure)."""
-        if self.admin is not None:
-            self.in_rotation()
-        else:
-            say("no router: each instance's own port is down while it restarts")
         targets = self.plan.targets
+        if not targets:
+            say("nothing to restart: every instance runs its unit's current definition")
+            self.save("done", [])
+            return "done", None
+        if self.admin is None:
+            say("no router: each instance's own port is down while it restarts")
         for i in range(0, len(targets), self.plan.batch):
             batch = targets[i:i + self.plan.batch]
             if self.stopping:
