@@ -54,6 +54,7 @@ def python_rules(v: str) -> dict:
         "cacheDynamic": directives(False),
         "cacheStatic": directives(True),
         "tmpfiles": unit_text.tmpfiles_line(v, rules, "dflash", "dflash"),
+        "unitPathProblem": unit_text.unit_path_problem(v),
     }
 
 
