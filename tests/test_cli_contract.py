@@ -456,3 +456,51 @@ def test_a_full_file_system_leaves_the_old_files_as_they_were(row_name, world):
     ok = run_subprocess(argv, w)  # the same command with room: every output written whole
     assert ok.returncode == 0, ok.stderr
     assert all(path.read_text() != text for path, text in old.items())
+
+
+# --- the exit codes, in one table ---------------------------------------------------------------------
+
+def _error_codes() -> dict[str, int]:
+    return {k: v for k, v in vars(errors).items() if k.isupper() and isinstance(v, int) and not isinstance(v, bool)}
+
+
+def test_the_exit_code_table_is_errors_py():
+    """Every code in errors.py has its meaning in exit_codes.MEANING, and nothing else does; every
+    row names codes that exist (a new code, or a command, adds itself to exit_codes.py)."""
+    codes = set(_error_codes().values())
+    assert set(exit_codes.MEANING) == codes, (
+        f"add to exit_codes.MEANING: {sorted(codes - set(exit_codes.MEANING))}; "
+        f"not in errors.py: {sorted(set(exit_codes.MEANING) - codes)}")
+    assert set(exit_codes.BY_COMMAND) == set(cli.COMMANDS)
+    for command in cli.COMMANDS:
+        assert set(exit_codes.codes(command)) <= codes, command
+    assert set(errors.NO_RESTART) <= set(exit_codes.codes("serve"))
+
+
+def _markdown_table(text: str, header: str) -> list[list[str]]:
+    lines = text.split(header, 1)[1].strip().splitlines()[1:]  # past the header and its rule
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_docs_cli_md_shows_the_same_table():
+    doc = (REPO / "docs" / "cli.md").read_text()
+    per_command = {cmd.strip("`"): [int(c) for c in codes.split(", ")]
+                   for cmd, codes in _markdown_table(doc, "| command | exit codes |")}
+    assert per_command == {c: list(exit_codes.codes(c)) for c in cli.COMMANDS}
+    meanings = {int(code): meaning for code, meaning in _markdown_table(doc, "| code | meaning |")}
+    assert meanings == exit_codes.MEANING
+
+
+def test_each_help_prints_its_row(capsys):
+    for command in cli.COMMANDS:
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        out = capsys.readouterr().out
+        assert "exit codes (docs/cli.md):" in out, command
+        for code in exit_codes.codes(command):
+            assert f"{code:>5}  {exit_codes.meaning(command, code)}" in out, (command, code)

@@ -16,7 +16,7 @@ MEANING = {
     e.NOT_LOSSLESS: "a speculative run's greedy outputs differ from plain decoding's",
     e.GRAMMAR_VIOLATION: "a constrained output broke its grammar, or a constrained request failed",
     e.DRAFTS_REJECTED: "the oracle pair's acceptance left its band: the draft path is broken",
-    e.INPUT: "an input file (lock, spec, fingerprint, recording) is unreadable or not one",
+    e.INPUT: "an input file (lock, spec, fingerprint) is unreadable or not one",
     e.OUTPUT: "an output file cannot be written; nothing was written",
     e.CONFIG: "the settings are invalid or unreadable (not restarted by systemd)",
     e.PREFLIGHT_TORCH: "torch missing, not the CUDA 13 build, or no GPU visible",

@@ -24,7 +24,7 @@ def requirements_text(lock: Lock, system: str, origin: str = "the lock") -> str:
     packages = lock.packages(system)
     missing = lock.missing_dependencies(system)
     if missing:
-        shown = "; ".join(f"{dep} (needed by {', '.join(by[:3])}{' …' if len(by) > 3 else ''})"
+        shown = "; ".join(f"{dep} (needed by {len(by)}: {', '.join(by[:3])}{', …' if len(by) > 3 else ''})"
                           for dep, by in sorted(missing.items())[:6])
         raise DflashError(f"{origin} is incomplete for {system}: {len(missing)} package(s) are needed but "
                           "not locked", shown + "; pip would install the rest without them (--no-deps)",

@@ -193,10 +193,11 @@ def default_dflashctl() -> str:
 def host_paths(dflashctl: str | None, python: str | None) -> tuple[str, str | None]:
     """The executables as the unit names them (unit_paths' rule on this host); this dflashctl when
     --dflashctl is not given, its code's directory included."""
-    if dflashctl is None:
-        unit_paths.package_dir("--dflashctl")
-        dflashctl = default_dflashctl()
+    this = dflashctl is None
+    dflashctl = default_dflashctl() if this else dflashctl
     dflashctl = unit_paths.executable(dflashctl, "--dflashctl") if dflashctl.startswith("/") else dflashctl
+    if this:
+        unit_paths.package_dir()
     if python is not None and python.startswith("/"):
         python = unit_paths.executable(python, "--python")
     return dflashctl, python

@@ -101,14 +101,15 @@ def executable(path: str, flag: str) -> str:
     return path
 
 
-def package_dir(flag: str) -> None:
+def package_dir() -> None:
     """The unit runs this dflashctl: the directory its code is imported from must be visible too
     (an editable install from a checkout under /home would not be)."""
     here = str(Path(__file__).resolve().parents[1])
     problem = unit_text.unit_path_problem(here)
     if problem:
-        raise _refuse(flag, here, f"this dflashctl's code lives in {here}, and {problem}",
-                      f"{VENV_FIX} (`pip install ./python`, not an editable install from there)")
+        raise DflashError("this dflashctl cannot be used by the unit", f"its code is imported from {here}: {problem}",
+                          f"{VENV_FIX} (`pip install ./python`, not an editable install from there), or "
+                          "pass --dflashctl one installed there", CONFIG)
 
 
 def missing_credentials(files: dict[str, str | None]) -> list[str]:
