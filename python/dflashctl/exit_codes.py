@@ -16,6 +16,8 @@ MEANING = {
     e.NOT_LOSSLESS: "a speculative run's greedy outputs differ from plain decoding's",
     e.GRAMMAR_VIOLATION: "a constrained output broke its grammar, or a constrained request failed",
     e.DRAFTS_REJECTED: "the oracle pair's acceptance left its band: the draft path is broken",
+    e.ROLLOUT_STOPPED: "a rollout step failed or was interrupted; the instances not reached still serve",
+    e.ROLLOUT_BUSY: "another rollout holds this host's rollout lock",
     e.INPUT: "an input file (lock, spec, fingerprint) is unreadable or not one",
     e.OUTPUT: "an output file cannot be written; nothing was written",
     e.CONFIG: "the settings are invalid or unreadable (not restarted by systemd)",
@@ -28,6 +30,7 @@ MEANING = {
     e.PREFLIGHT_SGLANG: "SGLang does not import, or lacks the requested algorithm",
     e.PREFLIGHT_GPU_BUSY: "other processes hold the GPU memory SGLang would claim (restarted)",
     e.PREFLIGHT_MODEL_MISSING: "offline, and the pinned revision is not whole in the cache",
+    e.PREFLIGHT_MODEL_PAIR: "the model and its drafter do not fit together, or a model's files are unusable",
     e.SERVER_DIED_BEFORE_READY: "SGLang died before it was ready (restarted)",
     e.SERVER_DIED_AFTER_READY: "SGLang died while serving (restarted)",
     e.SERVER_START_TIMEOUT: "SGLang was not ready within startTimeoutSec (restarted)",
@@ -38,7 +41,7 @@ MEANING = {
 COMMON = (e.OK, e.USAGE, e.INTERRUPTED)  # every command
 PREFLIGHT = (e.PREFLIGHT_TORCH, e.PREFLIGHT_KERNEL, e.PREFLIGHT_GRAMMAR, e.PREFLIGHT_SOUNDFILE,
              e.PREFLIGHT_NATIVE, e.PREFLIGHT_DRIVER, e.PREFLIGHT_SGLANG, e.PREFLIGHT_GPU_BUSY,
-             e.PREFLIGHT_MODEL_MISSING)
+             e.PREFLIGHT_MODEL_MISSING, e.PREFLIGHT_MODEL_PAIR)
 
 BY_COMMAND: dict[str, dict[int, str | None]] = {
     "lock": {e.FAILED: "the lock is stale or was edited, the resolution failed, or the resolved stack "
@@ -59,7 +62,7 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
                 e.CONFIG: "an argument (arch, model config, recording, environment) is refused",
                 e.INPUT: "status: the directory holds no index of `kernels build`",
                 e.OUTPUT: None},
-    "validate": {e.CONFIG: None},
+    "validate": {e.CONFIG: None, e.PREFLIGHT_MODEL_PAIR: "--models: the model pair does not fit"},
     "serve": {e.CONFIG: None, **{c: None for c in PREFLIGHT}, e.SERVER_DIED_BEFORE_READY: None,
               e.SERVER_DIED_AFTER_READY: None, e.SERVER_START_TIMEOUT: None, e.SERVER_STALLED: None,
               e.OUTPUT: "--log-file cannot be written"},
@@ -68,6 +71,9 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
     "router": {e.CONFIG: None, e.FAILED: "--sync: the running router refused a change"},
     "router-unit": {e.CONFIG: "the settings are invalid, or a path the unit needs is one its sandbox hides",
                     e.OUTPUT: None},
+    "rollout": {e.CONFIG: "the settings, the router's or an option are refused, or the state directory "
+                          "cannot be used",
+                e.ROLLOUT_STOPPED: None, e.ROLLOUT_BUSY: None},
     "models": {e.FAILED: "a download or its verification failed, or status: a model is not whole in "
                          "the cache",
                e.CONFIG: None, e.OUTPUT: "the cache directory cannot be written"},
@@ -75,6 +81,7 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
                         "was not active",
               e.NOT_LOSSLESS: None, e.GRAMMAR_VIOLATION: None, e.DRAFTS_REJECTED: None,
               e.PREFLIGHT_DRIVER: None, e.PREFLIGHT_SGLANG: None,
+              e.PREFLIGHT_MODEL_PAIR: "--model and --draft-model do not fit together",
               e.SERVER_DIED_BEFORE_READY: "a server died before it was ready",
               e.SERVER_DIED_AFTER_READY: "a server died while measured",
               e.SERVER_START_TIMEOUT: "a server was not ready within --start-timeout",
