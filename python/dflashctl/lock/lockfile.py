@@ -172,6 +172,6 @@ def load(path: Path | str = DEFAULT_LOCK) -> Lock:
 MAX_LOCK = 64 << 20  # the real lock is ~140 KiB
 
 
-def write_atomic(path: Path | str, text: str, flag: str = "--lock") -> None:
+def write_atomic(path: Path | str, text: str, flag: str) -> None:
     """Whole or not at all (output.write: a temp file in the same directory, renamed)."""
     output.write(path, text, flag)

@@ -130,7 +130,7 @@ def fetch_one(repo_id: str, revision: str | None, env: dict[str, str], token: st
     if revision and revision != commit:  # SGLang resolves the branch name offline through refs/
         ref = cache / hub_cache.repo_folder(repo_id) / "refs" / revision
         ref.parent.mkdir(parents=True, exist_ok=True)
-        ref.write_text(commit)
+        output.write(ref, commit, "the ref")
     manifest = hub_cache.manifest_path(home, repo_id, commit)
     manifest.parent.mkdir(parents=True, exist_ok=True)
     body = {"repo": repo_id, "revision": revision, "commit": commit,
