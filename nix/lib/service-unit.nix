@@ -335,7 +335,9 @@ rec {
         [
           {
             assertion = unitText.cacheDirProblem data.cacheDir data.hidden i.cacheDir == null;
-            message = "${opt}.cacheDir: ${toString (unitText.cacheDirProblem data.cacheDir data.hidden i.cacheDir)}";
+            message = "${opt}.cacheDir: ${
+              toString (unitText.cacheDirProblem data.cacheDir data.hidden i.cacheDir)
+            }";
           }
           {
             assertion = cacheOf i != null;

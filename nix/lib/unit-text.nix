@@ -90,7 +90,10 @@ let
         attrNames hidden
       );
     in
-    if prefixes == [ ] then null else "${path} is hidden from the service by ${hidden.${head prefixes}}";
+    if prefixes == [ ] then
+      null
+    else
+      "${path} is hidden from the service by ${hidden.${head prefixes}}";
 in
 rec {
   inherit specifiers pathWord;

@@ -19,7 +19,8 @@ let
     cacheDirProblem = u.cacheDirProblem rules data.hidden v;
     cacheDynamic =
       if u.cacheDirProblem rules data.hidden v == null then u.cacheDirDirectives rules v false else null;
-    cacheStatic = if u.cacheDirProblem rules data.hidden v == null then u.cacheDirDirectives rules v true else null;
+    cacheStatic =
+      if u.cacheDirProblem rules data.hidden v == null then u.cacheDirDirectives rules v true else null;
     tmpfiles = u.tmpfilesLine rules v "dflash" "dflash";
     unitPathProblem = u.unitPathProblem data.hidden v;
   };
