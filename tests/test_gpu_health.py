@@ -324,6 +324,20 @@ def test_without_nvml_the_watch_is_off_and_the_instance_serves(serve):  # noqa: 
     assert proc.returncode == 0
 
 
+def test_the_watch_turned_off_in_the_settings_does_not_end_the_instance(serve, nvml, tmp_path):  # noqa: F811
+    hit = tmp_path / "hit"
+    s = Scenario(tmp_path / "s.nvml").xid(0, 79, hit, lost=1)
+    proc = serve("healthy", ["--skip-preflight"], env=nvml_env(nvml, s),
+                 settings={"environment": {"DFLASHCTL_GPU_WATCH": "0"}})
+    assert proc.notify.recv_until("READY=1", proc), proc.communicate(timeout=NEVER)[1]
+    assert any("GPU watch: off: turned off (DFLASHCTL_GPU_WATCH=0)" in m for m in proc.notify.messages)
+    hit.touch()
+    assert not proc.notify.recv_until("exit 94", proc, timeout=3)  # nobody watches: it serves on
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=NEVER)
+    assert proc.returncode == 0
+
+
 # --- the router in front ----------------------------------------------------------------------------
 
 @needs_router

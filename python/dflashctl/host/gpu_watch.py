@@ -22,7 +22,10 @@ from dataclasses import dataclass
 
 from dflashctl.host import gpu_health, probes
 
-POLL_S = 1.0  # at most once a second: the issue's bound, and 0.005 % of a core per GPU at 0.05 ms a read
+POLL_S = 1.0  # at most once a second: a lost GPU is named within it, at 0.005 % of a core per GPU (0.05 ms a read)
+# In the instance's environment (its `environment` setting) "0" turns the watch off: a driver whose
+# NVML events misbehave, or benchmarks/gpu/watch_cost.py measuring what the watch costs.
+OFF_ENV = "DFLASHCTL_GPU_WATCH"
 
 
 @dataclass
@@ -52,6 +55,9 @@ class GpuWatch:
 
     # --- the child ------------------------------------------------------------------------------
     def start(self) -> "GpuWatch":
+        if self.env.get(OFF_ENV) == "0":
+            self._off(f"turned off ({OFF_ENV}=0)")
+            return self
         arg = ",".join(map(str, self.indices)) + f";{self.poll_s:g}"
         try:
             self._proc = subprocess.Popen([self.python, "-c", probes.CHILD_SOURCE, "gpu_watch", arg],
@@ -63,6 +69,10 @@ class GpuWatch:
         self._thread = threading.Thread(target=self._read, daemon=True, name="gpu-watch")
         self._thread.start()
         return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
 
     def wait_started(self, timeout: float = 10.0) -> str:
         """Until the child watches (or gave up); the state, for the log."""
