@@ -157,7 +157,8 @@ def test_doctor_json_carries_the_raw_figures_and_diff_names_what_is_new(nvml, tm
         runs[name] = json.loads(done.stdout)
     checks = {c["name"]: c for c in runs["after"]["checks"]}
     assert checks["driver"]["status"] == "ok"
-    assert checks["gpu-health:0"]["status"] == "fail" and "1 uncorrected ECC error(s)" in checks["gpu-health:0"]["summary"]
+    assert checks["gpu-health:0"]["status"] == "fail"
+    assert "1 uncorrected ECC error(s)" in checks["gpu-health:0"]["summary"]
     assert checks["gpu-health:1"]["status"] == "fail"
     figures = checks["gpu-health:0"]["details"]["gpu"]["figures"]  # the raw figures, with NVML's codes
     assert figures["ecc_errors"]["uncorrected_volatile"] == {"rc": 0, "value": 1}
@@ -237,8 +238,8 @@ def test_serve_refuses_a_faulty_gpu_naming_it_and_the_fix(serve, stack_python, n
 
 
 @pytest.mark.parametrize("name", ["thermal", "pcie-x8"])
-def test_a_slowdown_or_a_narrow_link_starts_the_instance_and_shows_in_its_status(serve, stack_python, nvml,  # noqa: F811
-                                                                                tmp_path, name):
+def test_a_slowdown_or_a_narrow_link_starts_the_instance_and_shows_in_its_status(
+        serve, stack_python, nvml, tmp_path, name):  # noqa: F811
     _, _, said, _ = SCENARIOS[name]
     proc = serve("healthy", ["--python", stack_python], env=nvml_env(nvml, scenario(tmp_path, name)))
     assert proc.notify.recv_until("READY=1", proc), proc.communicate(timeout=NEVER)[1]

@@ -221,7 +221,8 @@ def remap_findings(figures: dict, i: int) -> list[Finding]:
     rows = value(figures.get("remapped_rows"))
     if rows is None:
         return []  # before Ampere, or MIG on: retired pages instead
-    remapped = f"{rows['correctable']} row(s) remapped for correctable and {rows['uncorrectable']} for uncorrectable errors"
+    remapped = (f"{rows['correctable']} row(s) remapped for correctable and {rows['uncorrectable']} for "
+                "uncorrectable errors")
     if rows.get("failure"):
         return [Finding("fail", f"a row remap failed ({remapped}): this memory can no longer repair itself",
                         "replace the board (RMA); until then keep work off this GPU", "remap")]

@@ -40,9 +40,12 @@ class GpuFailure:
 
 class GpuWatch:
     def __init__(self, python: str, indices: list[int], env: dict[str, str], poll_s: float = POLL_S,
-                 on_note: Callable[[str], None] | None = None):
+                 on_note: Callable[[str], None] | None = None, on_state: Callable[[str], None] | None = None):
+        """`on_note(text)`: a warning seen while watching; `on_state(describe())`: once it watches or
+        is off. Both are called from the watch's reader thread."""
         self.python, self.indices, self.env, self.poll_s = python, list(indices), dict(env), poll_s
         self.on_note = on_note or (lambda text: None)
+        self.on_state = on_state or (lambda text: None)
         self.failure: GpuFailure | None = None
         self.state = "starting"  # starting | watching | off: <why> | stopped
         self.notes: list[str] = []
@@ -60,9 +63,11 @@ class GpuWatch:
             return self
         arg = ",".join(map(str, self.indices)) + f";{self.poll_s:g}"
         try:
+            # stderr nowhere: a pipe nobody drains would stop the child once full; its failures come
+            # as its result on stdout, a crash as its exit status.
             self._proc = subprocess.Popen([self.python, "-c", probes.CHILD_SOURCE, "gpu_watch", arg],
                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, env=self.env, start_new_session=True)
+                                          stderr=subprocess.DEVNULL, env=self.env, start_new_session=True)
         except OSError as e:
             self._off(f"cannot run {self.python}: {e.strerror or e}")
             return self
@@ -94,10 +99,10 @@ class GpuWatch:
 
     def describe(self) -> str:
         if self.state == "watching":
-            return (f"watching {', '.join(self._labels[i] for i in self.indices)} for critical XID events "
-                    f"(a blocking wait) and lost GPUs, new uncorrected ECC errors, failed row remaps and recovery "
-                    f"actions (read every {self.poll_s:g} s)")
-        return f"GPU watch {self.state}"
+            gpus = ", ".join(self._labels[i] for i in self.indices)
+            return (f"GPU watch: watching {gpus} for critical XID events (a blocking wait) and lost GPUs, new "
+                    f"uncorrected ECC errors, failed row remaps and recovery actions (read every {self.poll_s:g} s)")
+        return f"GPU watch: {self.state}"
 
     # --- what it says -----------------------------------------------------------------------------
     def _read(self) -> None:
@@ -109,8 +114,7 @@ class GpuWatch:
                 continue
             self._on(event)
         if self.state in ("starting", "watching"):  # the child ended without being stopped
-            tail = (self._proc.stderr.read() or b"").decode(errors="replace").strip().splitlines()[-3:]
-            self._off("the watch process ended" + (f": {' | '.join(tail)}" if tail else ""))
+            self._off("the watch process ended: " + probes.describe_exit(self._proc.wait()))
 
     def _on(self, event: dict) -> None:
         kind = event.get("event")
@@ -144,6 +148,7 @@ class GpuWatch:
                            f"watched by reading it every {self.poll_s:g} s only")
         self.state = "watching"
         self._started.set()
+        self.on_state(self.describe())
 
     def _judge(self, i: int | None, finding: gpu_health.Finding | None) -> None:
         if finding is None:
@@ -164,3 +169,4 @@ class GpuWatch:
     def _off(self, why: str) -> None:
         self.state = f"off: {why}"
         self._started.set()
+        self.on_state(self.describe())

@@ -488,7 +488,8 @@ def probe_gpu_watch(arg, facts):
 
 
 def die_with_parent():
-    """The watch must not outlive serve (SIGKILLed, it cannot stop us): PR_SET_PDEATHSIG on Linux."""
+    """The watch must not outlive serve (SIGKILLed, it cannot stop us): PR_SET_PDEATHSIG on Linux,
+    which fires when the thread that started this process ends (serve's main thread)."""
     try:
         ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
     except (OSError, AttributeError):

@@ -128,7 +128,8 @@ def model_checks(cfg: config.InstanceConfig, python: str, child_env: dict[str, s
 # status.
 PREFLIGHT_STEPS = [lambda cfg, python, env, path: probe_checks(cfg, python, env),
                    model_checks,
-                   lambda cfg, python, env, path: gpu_claim.preflight_checks(cfg, python, env)]  # last: busy GPUs may free up
+                   # last: busy GPUs may free up
+                   lambda cfg, python, env, path: gpu_claim.preflight_checks(cfg, python, env)]
 STATUS_LIMIT = 3500  # the list of failures in STATUS=; sdnotify keeps it under systemd's datagram size
 
 
@@ -292,7 +293,8 @@ def _run(args) -> int:
 
 def _supervise(cfg: config.InstanceConfig, server: Server, python: str) -> int:
     indices = gpu_claim.instance_gpus(cfg, server.env)
-    watch = GpuWatch(python, indices, server.env, on_note=lambda text: say(f"GPU watch: {text}")).start()
+    watch = GpuWatch(python, indices, server.env, on_note=lambda text: say(f"GPU watch: {text}"),
+                     on_state=say).start()
     try:
         return _serve(cfg, server, python, watch, indices)
     finally:
@@ -302,7 +304,6 @@ def _supervise(cfg: config.InstanceConfig, server: Server, python: str) -> int:
 def _serve(cfg: config.InstanceConfig, server: Server, python: str, watch: GpuWatch, indices: list[int]) -> int:
     say(f"starting SGLang for {cfg.model} on {cfg.base_url} (log: {server.log_path})")
     server.start()
-    say(f"GPU watch: {watch.describe() if watch.wait_started() == 'watching' else watch.state}")
     gpu = None
     if cfg.stall_timeout_sec:  # GPU memory that grows is start-up progress too (service/stall.py)
         gpu = GpuMemory(lambda: gpus.read(python, timeout=10.0, env=server.env), indices).start()
