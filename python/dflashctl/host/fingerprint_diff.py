@@ -132,9 +132,13 @@ def nvml_gpus(fp: dict) -> dict[str, dict]:
     """A fingerprint's GPUs by UUID (index for those without one), lost ones included."""
     snapshot = dig(fp, "gpus.facts") or {}
     out = {}
-    for g in [*(snapshot.get("gpus") or []), *(snapshot.get("unanswered") or [])]:
-        if isinstance(g, dict) and "index" in g:
-            out[g.get("uuid") or f"index {g['index']}"] = g
+    if not isinstance(snapshot, dict):
+        return out
+    listed = [g for key in ("gpus", "unanswered") if isinstance(snapshot.get(key), list) for g in snapshot[key]]
+    for g in listed:  # a hand-edited or foreign file: only well-formed entries count
+        if isinstance(g, dict) and isinstance(g.get("index"), int):
+            uuid = g.get("uuid") if isinstance(g.get("uuid"), str) else None
+            out[uuid or f"index {g['index']}"] = dict(g, uuid=uuid)
     return out
 
 
