@@ -203,6 +203,8 @@ def table(result: dict) -> str:
         lines.append(result["note"])
     if result["phases_s"]:
         lines.append("phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in result["phases_s"].items()))
+    if identity.health_line(result.get("gpu_health")):
+        lines.append(identity.health_line(result["gpu_health"]))
     lines += [f"WARNING: {w}" for w in result.get("warnings", [])]
     for f in result["failures"]:
         lines.append(f"FAILED: {f}")

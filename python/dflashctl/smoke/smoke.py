@@ -347,6 +347,13 @@ def run(a) -> int:
         if plan.launch_plan:
             result["launch_plan"] = plan.launch_plan
         result["identity"] = ident
+        if not a.url:  # the GPUs' health at the start and the end of the run, on this host
+            result["gpu_health"] = identity.gpu_health_block(ident, a.python)
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+            used = a.gpu if a.gpu is not None else int(visible) if visible.isdigit() else None
+            sick = identity.health_failures(result["gpu_health"], used)
+            result["failures"] += sick
+            result["ok"] = result["ok"] and not sick
         result["models"] = plan.models
         if ident and isinstance(ident.get("fingerprint"), dict) and plan.models:
             ident["fingerprint"]["models"] = [m for m in plan.models if m.get("repo_id")]  # for `diff`
