@@ -56,6 +56,9 @@ def test_each_point_is_a_phase_of_every_run_with_the_same_prompt_mix(swept):
             phase = r["phases"][sweep.phase_name(c)]
             assert phase["requests"] == n and phase["failed"] == 0 and phase["concurrency"] == c
             assert phase["output_tokens"] == n * NEW
+            answers = r["requests"][sweep.phase_name(c)]
+            assert all(q["chunks"] == 1 and q["ttft_s"] is None for q in answers)  # not streamed
+            assert "acceptance_histogram" not in phase  # only a stream shows each verify step
     base, dflash, poisoned = result["runs"]
     assert dflash["lossless"]["status"] == "identical" and dflash["lossless"]["compared"] == N + SEQ + 8 + 8 + 32
     assert poisoned["lossless"]["identical"] == N + SEQ + 48
@@ -151,7 +154,7 @@ def test_the_summary_names_points_a_server_did_not_run_as_asked():
         {"name": "DFLASH", "algorithm": "DFLASH",
          "server_info": {"max_running_requests": 48, "cuda_graph_bs": [1, 2, 4, 8], "disable_cuda_graph": False},
          "phases": {sweep.phase_name(c): {"requests": c, "failed": 0, "output_tok_s": 100.0 * c, "speedup": s,
-                                          "accept_length": 9.2, "ttft_ms_mean": 1.0, "e2e_s_mean": 0.1}
+                                          "accept_length": 9.2, "e2e_s_mean": 0.1, "e2e_s_max": 0.2}
                     for c, s in ((8, 1.4), (64, 0.8))}}]}
     [entry] = sweep.summary(result)["runs"]
     assert entry["server_limits"] == [

@@ -242,7 +242,7 @@ def measure(run: str, algorithm: str | None, ep: loadgen.Endpoint, plan: Plan, a
         conc.name = "concurrent"
         result.phases.append(conc)
     if throughput and a.sweep_points:
-        result.phases += sweep.run_points(run, ep, plan.prompts, a, watch, say, recordings)
+        result.phases += sweep.run_points(run, ep, plan.prompts, a, watch, say)  # not recorded: the same prompts
     info = router_info.server_info(ep)[0]  # through a router: one healthy worker's
     result.server_info = {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
     states = info.get("internal_states") or [{}]

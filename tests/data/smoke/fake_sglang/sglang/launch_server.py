@@ -8,7 +8,7 @@ sampling_params, and POST /v1/chat/completions) are answered from the recording'
 matched on path and body (the model name aside), with the recorded status and JSON. /server_info
 reports skip_tokenizer_init, grammar_backend, constrained_json_disable_any_whitespace and, where
 given, max_running_requests and cuda_graph_bs as this process was started, so tests see the flags
-smoke passed.
+smoke passed. An unstreamed /generate (`"stream": false`) gets the last chunk alone, as SGLang answers.
 
 FAKE_SGLANG_DIE=start        exit 1 while "loading" (after FAKE_SGLANG_DIE_AFTER s), an error in the log
 FAKE_SGLANG_DIE=generate:N   on the N-th /generate, after its first chunk: the server process exits
@@ -207,6 +207,8 @@ class Handler(BaseHTTPRequestHandler):
         if DIVERGE_AFTER is not None and n > DIVERGE_AFTER:
             rec = json.loads(json.dumps(rec))
             rec["final"]["output_ids"][-1] += 1
+        if not req.get("stream"):  # SGLang's answer to an unstreamed request: the last chunk alone
+            return self._json(rec["final"])
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
