@@ -133,7 +133,11 @@ def instance_settings(a, spec: RunSpec, port: int, launch: str, fraction: float 
         extra += ["--max-total-tokens", str(tokens)]
     if extra:
         d["extraArgs"] = extra
-    if a.gpu is not None:
+    tp = getattr(a, "tp_size", 1) or 1
+    if tp > 1:  # tensor parallelism: --gpu (default 0) and the next ones, as the module's gpus list
+        first = a.gpu or 0
+        d.update(gpus=list(range(first, first + tp)), tpSize=tp)
+    elif a.gpu is not None:
         d["gpus"] = [a.gpu]
     # Milliseconds in SGLang's log stamps: the start-up phases (startup.py) are read from them.
     # DFLASHCTL_SMOKE_RUN names the run in the server's environment (two runs may share an algorithm).

@@ -122,6 +122,10 @@ def register(subparsers) -> None:
                             "before (default: a helper compiles them in parallel while the servers import; "
                             "docs/smoke.md)")
     start.add_argument("--gpu", type=int, help="GPU index for the servers (default: CUDA_VISIBLE_DEVICES as is)")
+    start.add_argument("--tp-size", type=int, default=1,
+                       help="tensor parallelism: every server on this many GPUs (--gpu, default 0, and the next "
+                            "ones; SGLang's --tp-size). The oracle pair's 16 heads and 16 KV heads shard over "
+                            "2, 4, 8 or 16 (docs/smoke.md, 'Tensor parallelism')")
     start.add_argument("--python", default=sys.executable, help="interpreter that has SGLang (default: this one)")
     start.add_argument("--start-timeout", type=float, default=600, help="seconds a server may take to be ready (600)")
     out = p.add_argument_group("output")
@@ -184,7 +188,7 @@ def _check_args(a) -> None:
                                and "baseline" not in a.runs.lower()):
         raise _usage("--require-lossless needs a baseline to compare with",
                      "add baseline to --runs (or --baseline-url with --url)")
-    for name in ("requests", "sequential_requests", "max_new_tokens", "input_len", "sweep_rounds"):
+    for name in ("requests", "sequential_requests", "max_new_tokens", "input_len", "sweep_rounds", "tp_size"):
         if getattr(a, name) < (0 if name == "sequential_requests" else 1):
             raise _usage(f"--{name.replace('_', '-')} {getattr(a, name)} is too small", "use a positive number")
     a.sweep_points = sweep.parse(a.sweep) if a.sweep else []
@@ -479,6 +483,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
     try:
         specs = _specs(a, plan, runs, work, phases, shape)
         check_pairs(a, specs)  # a real pair: serve's model-pair rules before any server starts
+        _check_tp(a, specs)
         say(f"runs: {', '.join(s.run for s in specs)}; launch {launch}; work dir {work}")
         say(driver_note())
         note = first_start_note()
@@ -561,6 +566,23 @@ def _specs(a, plan: Plan, runs: list[str], work: Path, phases: dict, shape) -> l
 
 
 ORACLE_KV_TOKENS = 32768  # 1 GiB at the oracle target's 16 KV heads; smoke needs ~2.5k tokens
+
+
+def _check_tp(a, specs: list[RunSpec]) -> None:
+    """--tp-size against the synthetic models' shapes, before any server starts (SGLang would stop
+    at its first tensor-parallel layer, after its imports)."""
+    problems: dict[str, list[str]] = {}  # problem -> the models that have it
+    for sp in specs:
+        for path in (sp.target, sp.draft) if sp.synthetic else ():
+            if path and (cfg := Path(path, "config.json")).exists():
+                for p in synthetic.tp_problems(json.loads(cfg.read_text()), a.tp_size):
+                    problems.setdefault(p, [])
+                    if Path(path).name not in problems[p]:
+                        problems[p].append(Path(path).name)
+    if problems:
+        raise DflashError(f"--tp-size {a.tp_size}: the synthetic models do not shard over {a.tp_size} GPUs",
+                          "; ".join(f"{p} ({', '.join(models)})" for p, models in problems.items()),
+                          "use --tp-size 2, 4, 8 or 16", USAGE)
 
 
 def _kv_tokens(a, default: int, block: int) -> int:

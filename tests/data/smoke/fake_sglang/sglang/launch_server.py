@@ -124,6 +124,7 @@ def start_up_lines():
 
 log(f"server_args: {' '.join(sys.argv[1:])}")
 log(f"TRITON_CACHE_DIR={os.environ.get('TRITON_CACHE_DIR', '')}")
+log(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
 API_KEY = os.environ.get("FAKE_SGLANG_API_KEY")
 if DIE == "start":
     time.sleep(float(os.environ.get("FAKE_SGLANG_DIE_AFTER", "0")))
