@@ -17,6 +17,11 @@ The rule, as nixpkgs' switch-to-configuration (switch-to-configuration-ng: `pars
   so each differs exactly when its triggers do; Before=/After=/Wants= are [Unit] keys like any other.
 
 Units here are {section: {key: [values]}}.
+
+For a whole host (`switch`): only units that are active (or activating) are compared; one that is
+gone from the new system is stopped; a new one, and an inactive one whose target is started again
+(switch-to-configuration restarts the active targets, multi-user.target among them, which starts
+the units they want), is started.
 """
 
 IGNORED_IN_UNIT = {"Description", "Documentation", "OnFailure", "OnSuccess", "OnFailureJobMode",
@@ -85,3 +90,19 @@ def action(old: dict, new: dict) -> str:
             or _flag(new, "Unit", "X-OnlyManualStart", False):
         return "nothing"
     return "restart"
+
+
+def switch(old: dict[str, dict], new: dict[str, dict], active: set[str]) -> dict[str, str]:
+    """unit -> 'nothing' | 'reload' | 'restart' | 'start' | 'stop' for a host going from `old` to
+    `new` (unit name -> parsed unit), `active` the units running before (the rest are inactive;
+    every unit here is wanted by multi-user.target)."""
+    out = {}
+    for name in old.keys() | new.keys():
+        if name not in new:
+            out[name] = "stop" if name in active else "nothing"
+        elif name not in old or name not in active:
+            out[name] = "start"
+        else:
+            out[name] = action(old[name], new[name])
+    return out
+

@@ -171,7 +171,7 @@ def test_disabled_instances_have_no_unit():
 # --- services.dflash.router ----------------------------------------------------------------------------
 
 def test_router_wiring_carries_the_pure_directives_and_settings():
-    from test_router import nix_router
+    from nixos_host import nix_router
     instances = {"a": QWEN, "b": {**QWEN, "gpus": [1], "port": 30001}}
     out = evaluate(instances, router={"enable": True, "openFirewall": True, "drainSec": 60})
     got = out["services"]["dflash-router"]
@@ -234,3 +234,12 @@ def test_a_host_can_choose_either_way_and_tune_the_rollout():
         evaluate({"a": QWEN}, host='{ services.dflash.upgrade = "all-at-once"; }')
     assert "services.dflash.upgrade' is not of type" in str(e.value)
 
+
+def test_a_path_the_sandbox_hides_is_a_nixos_assertion():
+    """The unit path rule (issue 34) reaches NixOS: a local model under /home is refused naming its
+    option; the ExecStart paths the module names itself (store paths) pass it."""
+    out = evaluate({"a": {**QWEN, "model": "/home/me/models/qwen"}})
+    assert f"{OPT}.a.model: /home/me/models/qwen is hidden from the service by ProtectHome=true" \
+        in out["failedAssertions"]
+    assert evaluate({"a": QWEN})["failedAssertions"] == []
+    assert evaluate({"a": QWEN}, router={"enable": True})["failedAssertions"] == []

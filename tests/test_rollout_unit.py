@@ -121,3 +121,54 @@ def test_the_module_declares_upgrade_and_rollout_with_dflashctls_defaults():
     assert options["batch"]["default"] == defaults.batch
     assert options["healthyForSec"]["default"] == defaults.healthy_for
     assert options["requireIdentical"]["default"] is defaults.require_identical is False
+
+
+# --- nixos-rebuild switch over a whole host: which units it restarts, from the module's pure functions --
+
+TWO = {"a": {**QWEN, "gpus": [0]}, "b": {**QWEN, "gpus": [1], "port": 30001}}
+EVERYTHING = {"dflash-a.service", "dflash-b.service", "dflash-router.service", "dflash-rollout.service"}
+
+
+def switch(old: dict, new: dict, active: set[str] = EVERYTHING - {"dflash-rollout.service"}) -> dict:
+    """What switch-to-configuration does (tests/nixos_switch.py) between two hosts' units; the rollout
+    unit is inactive between rollouts (it exits when done)."""
+    import nixos_switch
+    return nixos_switch.switch(old, new, active)
+
+
+@pytest.mark.parametrize("upgrade", ["rolling", "restart"])
+def test_a_new_stack_restarts_every_instance_at_once_unless_rolling(upgrade):
+    import nixos_host
+    old = nixos_host.host_units(TWO, {}, upgrade)
+    new = nixos_host.host_units(TWO, {}, upgrade, python="/nix/store/e2-dflash-env/bin/python")
+    done = switch(old, new)
+    if upgrade == "restart":  # today's default: both at once (stopIfChanged: stopped, then started)
+        assert done == {"dflash-a.service": "restart", "dflash-b.service": "restart",
+                        "dflash-router.service": "nothing"}
+    else:  # the instances keep running; the rollout unit, started, restarts them one at a time
+        assert done == {"dflash-a.service": "nothing", "dflash-b.service": "nothing",
+                        "dflash-router.service": "nothing", "dflash-rollout.service": "start"}
+        # and one still running from an earlier switch is restarted onto the new definitions
+        assert switch(old, new, EVERYTHING)["dflash-rollout.service"] == "restart"
+
+
+def test_rolling_one_instances_setting_changes_only_what_it_must():
+    import nixos_host
+    old = nixos_host.host_units(TWO, {}, "rolling")
+    changed = {**TWO, "b": {**TWO["b"], "memFractionStatic": 0.8}}
+    new = nixos_host.host_units(changed, {}, "rolling")
+    assert old["dflash-a.service"] == new["dflash-a.service"]  # a's unit is the same file
+    assert old["dflash-b.service"] != new["dflash-b.service"]  # b's changed, and is left running
+    assert switch(old, new, EVERYTHING) == {"dflash-a.service": "nothing", "dflash-b.service": "nothing",
+                                            "dflash-router.service": "nothing",
+                                            "dflash-rollout.service": "restart"}
+    assert switch(old, old, EVERYTHING)["dflash-rollout.service"] == "nothing"  # the control
+
+
+def test_rolling_an_instance_added_is_started_and_the_router_reloaded():
+    import nixos_host
+    old = nixos_host.host_units({"a": TWO["a"]}, {}, "rolling")
+    new = nixos_host.host_units(TWO, {}, "rolling")
+    done = switch(old, new, {"dflash-a.service", "dflash-router.service"})
+    assert done == {"dflash-a.service": "nothing", "dflash-b.service": "start",
+                    "dflash-router.service": "reload", "dflash-rollout.service": "start"}

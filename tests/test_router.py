@@ -18,9 +18,9 @@ import pytest
 
 from dflashctl import cli, errors
 from dflashctl.errors import DflashError
-from dflashctl.service import config, router, router_unit, unit_text
+from dflashctl.service import config, router_unit, unit_text
+from nixos_host import nix_router, nixos_router_unit
 from router_harness import Load, Router, Standin, free_port, generate_body, needs_router, request, served_by
-
 
 
 @pytest.fixture
@@ -109,8 +109,9 @@ def render_cli(tmp_path: Path, settings: dict | None = None, remote=()) -> Path:
     s = tmp_path / "given.json"
     s.write_text(json.dumps({**(settings or {}), **({"remoteWorkers": list(remote)} if remote else {})}))
     out = tmp_path / "dflash-router.service"
-    assert cli.main(["router-unit", *files, "--settings", str(s), "--python", sys.executable,
-                     "--dflashctl", sys.executable, "-o", str(out),
+    visible = shutil.which("true")  # an executable the unit's sandbox can see (a venv may lead into /root)
+    assert cli.main(["router-unit", *files, "--settings", str(s), "--python", visible,
+                     "--dflashctl", visible, "-o", str(out),
                      "--settings-output", str(tmp_path / "router.json")]) == 0
     return out
 
@@ -126,6 +127,8 @@ def test_rendered_unit_has_no_gpu_and_survives_a_down_instance(tmp_path):
     stop = int(d["TimeoutStopSec"][0].rstrip("s"))
     assert stop > json.loads((tmp_path / "router.json").read_text())["drainSec"]
     assert d["LoadCredential"] == ["router-api-key:/etc/dflash/key", "router-admin-api-key:/etc/dflash/admin"]
+    assert d["SetCredential"] == ["router-api-key:DFLASH-CREDENTIAL-NOT-LOADED",  # unit.credentials' fallback
+                                  "router-admin-api-key:DFLASH-CREDENTIAL-NOT-LOADED"]
     assert d["IPAddressAllow"] == ["localhost"] and d["IPAddressDeny"] == ["any"]
     assert "key" not in d["ExecStart"][0].replace("--config", "")  # secrets only as credentials
 
@@ -383,30 +386,6 @@ def test_smoke_through_the_router_names_it_and_its_workers(tmp_path, workers, ma
 
 # --- services.dflash.router: the settings and refusals the module gets from nix/lib/router-unit.nix ----
 
-def _router_options(given: dict) -> dict:
-    """Every services.dflash.router setting, as the module passes them (defaults from the data file)."""
-    base = {**router.defaults(), "apiKeyFile": None, "adminApiKeyFile": None, "logLevel": "info",
-            "extraArgs": [], "remoteWorkers": [], "enable": True, "openFirewall": False}
-    return {**base, **given}
-
-
-def nix_router(given: dict, instances: dict) -> dict:
-    """(settings, failed assertion messages) of the pure functions for `instances` (name -> options)."""
-    import nix_unit
-    from conftest import nix_or_skip
-    from nixeval import nix_env
-    nix = nix_or_skip()
-    full = {n: nix_unit.full_options(n, o) for n, o in instances.items()}
-    lib = Path(__file__).resolve().parent.parent / "nix" / "lib" / "router-unit.nix"
-    expr = (f"let r = import {lib}; o = builtins.fromJSON {json.dumps(json.dumps(_router_options(given)))};"
-            f" i = builtins.fromJSON {json.dumps(json.dumps(full))}; in {{ settings = r.settings o i;"
-            " failed = map (a: a.message) (builtins.filter (a: !a.assertion) (r.assertions o i)); }")
-    done = subprocess.run([nix, "eval", "--json", "--impure", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
 HOST = {"a": {"model": "m", "port": 30000, "gpus": [0]}, "b": {"model": "m", "port": 30001, "gpus": [1]}}
 
 
@@ -451,33 +430,6 @@ def test_module_router_needs_a_worker():
 
 
 # --- nixos-rebuild switch: which change reloads the router and which restarts it --------------------
-
-def nixos_router_unit(given: dict, instances: dict, python: str = "/nix/store/r-router-env/bin/python",
-                      dflashctl: str = "/nix/store/d-dflashctl/bin/dflashctl") -> dict:
-    """dflash-router.service as NixOS writes it from the module's data: nix/lib/router-unit.nix's
-    directives for `instances` (name -> options) and services.dflash.router `given`, and its
-    triggers as NixOS renders reloadTriggers/restartTriggers ([Unit] X-Reload-Triggers /
-    X-Restart-Triggers)."""
-    import nix_unit
-    from conftest import nix_or_skip
-    from nixeval import nix_env
-    full = {n: nix_unit.full_options(n, o) for n, o in instances.items()}
-    lib = Path(__file__).resolve().parent.parent / "nix" / "lib" / "router-unit.nix"
-    expr = (f"let r = import {lib}; o = builtins.fromJSON {json.dumps(json.dumps(_router_options(given)))};"
-            f" i = builtins.fromJSON {json.dumps(json.dumps(full))}; s = r.settings o i;"
-            f' d = r.directives {{ settings = s; dflashctl = "{dflashctl}"; python = "{python}";'
-            ' settingsFile = "/etc/dflash-router.json"; }; t = r.triggers s; in'
-            ' { Unit = d.Unit // { X-Reload-Triggers = t.reload; X-Restart-Triggers = t.restart; };'
-            ' Service = d.Service; }')
-    done = subprocess.run([nix_or_skip(), "eval", "--json", "--impure", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-
-    def lines(v):
-        v = v if isinstance(v, list) else [v]
-        return ["true" if x is True else "false" if x is False else str(x) for x in v]
-    return {sec: {k: lines(v) for k, v in d.items()} for sec, d in json.loads(done.stdout).items()}
-
 
 TWO = {"a": {"model": "m", "port": 30000, "gpus": [0]}, "b": {"model": "m", "port": 30001, "gpus": [1]}}
 ONE = {"a": TWO["a"]}

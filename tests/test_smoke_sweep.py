@@ -128,7 +128,7 @@ def test_the_baseline_is_held_to_the_rule_at_every_point(tmp_path):
 
 @pytest.mark.parametrize("flags, why", [(["--sweep", "0,4"], "--sweep '0,4' is not a list of concurrencies"),
                                         (["--sweep", "4,x"], "--sweep '4,x' is not a list of concurrencies"),
-                                        (["--sweep", "4", "--sweep-rounds", "0"], "--sweep-rounds 0 is too small")])
+                                        (["--sweep", "4", "--sweep-rounds", "0"], "--sweep-rounds: 0 must be 1 or more")])
 def test_bad_sweep_arguments_are_refused_before_anything_starts(tmp_path, flags, why):
     p, _ = run(tmp_path, *flags, fake=fake_without_ddtree(tmp_path))
     assert p.returncode == errors.USAGE and why in p.stderr, p.stderr

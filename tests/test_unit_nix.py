@@ -313,9 +313,9 @@ def test_hostile_values_are_rendered_or_refused_as_dflashctl_does(hostile_result
             continue
         try:
             want = python_unit("a", options, paths)
-        except DflashError as e:  # dflashctl unit refuses the cache directory: a NixOS assertion
-            assert f"{OPT}.a.cacheDir: {e.why}" in result["failedAssertions"], (case, e.why, result)
-            seen["cache directory"] += 1
+        except DflashError as e:  # dflashctl unit refuses a path the unit cannot use: a NixOS assertion
+            assert f"{OPT}.a.{e.setting}: {e.why}" in result["failedAssertions"], (case, e.why, result)
+            seen["cache directory" if e.setting == "cacheDir" else "hidden path"] += 1
             continue
         assert result["failedAssertions"] == [], case
         got = result["units"]["a"]["text"]
@@ -326,7 +326,7 @@ def test_hostile_values_are_rendered_or_refused_as_dflashctl_does(hostile_result
         seen["rendered"] += 1
     # every kind of outcome occurs, so no branch above is dead
     assert all(seen[k] > 0 for k in ("control character", "build-time check", "cache directory",
-                                     "rendered")), seen
+                                     "hidden path", "rendered")), seen
     if shutil.which("systemd-analyze"):
         r = _verify(verifiable)
         assert r.returncode == 0 and "Unknown key" not in r.stderr, r.stderr
@@ -435,13 +435,22 @@ def vm_test() -> dict:
 
 
 def test_vm_test_hosts_are_valid_configurations(vm_test):
-    assert set(vm_test["nodes"]) == {"good", "broken"}
+    assert set(vm_test["nodes"]) == {"good", "broken", "restarting"}
     for name, node in vm_test["nodes"].items():
         assert node["imports"] == ["the flake's module"], name
-        result = nix_unit.evaluate(node["instances"])
-        assert result["failedAssertions"] == [], name
-        errors, _, _ = validate.check({"instances": {n: u["settings"] for n, u in result["units"].items()}})
-        assert errors == [], name
+        configurations = [node["instances"]] + [
+            {n: {**o, "environment": {**o.get("environment", {}), **spec.get(n, {}).get("environment", {})}}
+             for n, o in node["instances"].items()} for spec in node["specialisations"].values()]
+        for instances in configurations:  # the host, and each specialisation it switches to
+            result = nix_unit.evaluate(instances)
+            assert result["failedAssertions"] == [], name
+            errors, _, _ = validate.check({"instances": {n: u["settings"] for n, u in result["units"].items()}})
+            assert errors == [], name
+    # the upgrade under load: one host of each kind, two instances, both changed by the switch
+    for name, upgrade in (("good", "rolling"), ("restarting", "restart")):
+        node = vm_test["nodes"][name]
+        assert node["upgrade"] == upgrade and set(node["instances"]) == {"a", "b"}
+        assert set(node["specialisations"]["v2"]) == {"a", "b"}
         assert node["kernelsPackage"] is None, name  # the flake's default would build the kernels
     assert "ln -s /stub/python3 $out/bin/python" in vm_test["nodes"]["broken"]["package"]["script"]
     # the real preflight, in dflashctl built as the flake builds it (nixpkgs' packaging: no locked wheel)

@@ -20,6 +20,11 @@ in
     systemd.tmpfiles.rules = listOption types.str;
     networking.firewall.allowedTCPPorts = listOption types.port;
     environment.systemPackages = listOption types.package;
+    # NixOS evaluates each specialisation as a system of its own; here it is only carried.
+    specialisation = mkOption {
+      type = types.attrsOf types.unspecified;
+      default = { };
+    };
     systemd.services = mkOption {
       default = { };
       type = types.attrsOf (

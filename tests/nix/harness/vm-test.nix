@@ -19,6 +19,7 @@ let
     };
     curl = "curl";
     writeShellScriptBin = name: text: { inherit name text; };
+    writeText = name: text: "/stub/${name}";
     runCommand = name: _: script: { inherit name script; };
     testers.runNixOSTest = args: args;
   };
@@ -30,13 +31,24 @@ let
 in
 {
   inherit (test) name testScript;
-  nodes = builtins.mapAttrs (_: node: {
-    inherit (node) imports;
-    inherit (node.services.dflash)
-      instances
-      package
-      dflashctlPackage
-      kernelsPackage
-      ;
-  }) test.nodes;
+  # A node is the host's module, or one importing it with more of its own (the upgraded hosts).
+  nodes = builtins.mapAttrs (
+    _: node:
+    let
+      base = if node.imports == [ "the flake's module" ] then node else builtins.head node.imports;
+    in
+    {
+      inherit (base) imports;
+      inherit (base.services.dflash)
+        package
+        dflashctlPackage
+        kernelsPackage
+        ;
+      instances = base.services.dflash.instances // (node.services.dflash.instances or { });
+      upgrade = node.services.dflash.upgrade or null;
+      specialisations = builtins.mapAttrs (_: s: s.configuration.services.dflash.instances) (
+        node.specialisation or { }
+      );
+    }
+  ) test.nodes;
 }
