@@ -107,7 +107,7 @@ def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: 
             s = stats[p.name]
             b = base_stats.get(p.name, {}).get("output_tok_s")
             s["speedup"] = round(s["output_tok_s"] / b, 3) if b and s["output_tok_s"] and run is not base else None
-            if run.algorithm is not None:
+            if run.algorithm is not None and any(r.commits for r in p.requests):  # streamed phases only
                 s["acceptance_histogram"] = acceptance.histogram(p.requests)
         fails = failures(run)
         if run is base and rule:
