@@ -39,46 +39,15 @@ let
   staticUser = i: (i.user or null) != null;
   optionPath = name: "services.dflash.instances.${name}";
 
-  # The keys of the settings file `dflashctl serve` reads (config.KEYS there; tier 1 compares).
-  settingsKeys = [
-    "model"
-    "draftModel"
-    "modelRevision"
-    "draftModelRevision"
-    "hfTokenFile"
-    "offline"
-    "gpus"
-    "allowSharedGpus"
-    "tpSize"
-    "host"
-    "port"
-    "grammarBackend"
-    "constrainedJsonDisableAnyWhitespace"
-    "attentionBackend"
-    "memFractionStatic"
-    "contextLength"
-    "servedModelName"
-    "apiKeyFile"
-    "enableMetrics"
-    "environment"
-    "extraArgs"
-    "cacheDir"
-    "driverLibraryDir"
-    "startTimeoutSec"
-    "stallTimeoutSec"
-    "loadFormat"
-    "draftLoadFormat"
-    "skipTokenizerInit"
-    "cudaGraphMaxBs"
-    "samplingBackend"
-    "disableCudaGraph"
-  ];
-  speculativeKeys = [
-    "algorithm"
-    "numDraftTokens"
-    "ddtreeBudget"
-    "draftAttentionBackend"
-  ];
+  # The keys of the settings file `dflashctl serve` reads, from its schema (settings.json).
+  settingsSchema = import ./settings.nix;
+  settingsKeys = settingsSchema.keys settingsSchema.schema;
+  groupKeys = builtins.listToAttrs (
+    map (group: {
+      name = group;
+      value = settingsSchema.groupKeys group settingsSchema.schema;
+    }) (settingsSchema.groups settingsSchema.schema)
+  );
   pick =
     keys: attrs:
     listToAttrs (
@@ -201,11 +170,7 @@ rec {
   # The JSON `dflashctl serve --config` reads: the option names as they are, module-only ones out.
   settings =
     name: i:
-    {
-      inherit name;
-      speculative = pick speculativeKeys i.speculative;
-    }
-    // pick settingsKeys i;
+    { inherit name; } // mapAttrs (group: keys: pick keys i.${group}) groupKeys // pick settingsKeys i;
 
   # The instance with the prebuilt kernels (a store path, or null for none) in its environment as
   # DFLASH_PREBUILT_KERNELS, which `dflashctl serve` reads; a value the instance sets itself wins.
