@@ -21,7 +21,6 @@ let
     isList
     isString
     length
-    listToAttrs
     mapAttrs
     match
     substring
@@ -39,24 +38,8 @@ let
   staticUser = i: (i.user or null) != null;
   optionPath = name: "services.dflash.instances.${name}";
 
-  # The keys of the settings file `dflashctl serve` reads, from its schema (settings.json).
+  # The settings file's keys and content, from dflashctl's settings schema (settings.json).
   settingsSchema = import ./settings.nix;
-  settingsKeys = settingsSchema.keys settingsSchema.schema;
-  groupKeys = builtins.listToAttrs (
-    map (group: {
-      name = group;
-      value = settingsSchema.groupKeys group settingsSchema.schema;
-    }) (settingsSchema.groups settingsSchema.schema)
-  );
-  pick =
-    keys: attrs:
-    listToAttrs (
-      map (k: {
-        name = k;
-        value = attrs.${k};
-      }) keys
-    );
-
   # Every string of a value with where it sits ("environment.X", "extraArgs[2]"); names too.
   stringsOf =
     where: v:
@@ -165,12 +148,11 @@ let
       [ ];
 in
 rec {
-  inherit data settingsKeys;
+  inherit data;
+  settingsKeys = settingsSchema.keys settingsSchema.schema;
 
   # The JSON `dflashctl serve --config` reads: the option names as they are, module-only ones out.
-  settings =
-    name: i:
-    { inherit name; } // mapAttrs (group: keys: pick keys i.${group}) groupKeys // pick settingsKeys i;
+  settings = settingsSchema.settingsFile settingsSchema.schema;
 
   # The instance with the prebuilt kernels (a store path, or null for none) in its environment as
   # DFLASH_PREBUILT_KERNELS, which `dflashctl serve` reads; a value the instance sets itself wins.

@@ -35,6 +35,14 @@ let
       };
   inGroup = group: s: filter (e: (split e.key).group == group) s.settings;
   namesIn = group: s: map (e: (split e.key).name) (inGroup group s);
+  pick =
+    keys: attrs:
+    listToAttrs (
+      map (k: {
+        name = k;
+        value = attrs.${k};
+      }) keys
+    );
 
   # The option type of one entry's `type` (settings.json's _comment lists them). Bounds beyond
   # these types (tpSize <= 64, a revision's form) are dflashctl's, checked at build time.
@@ -93,6 +101,15 @@ in
   keys = s: namesIn null s;
   groupKeys = group: s: namesIn group s;
   groups = s: builtins.attrNames s.groups;
+
+  # The settings file of instance `name` from its option values (module-only options left out).
+  settingsFile =
+    s: name: i:
+    {
+      inherit name;
+    }
+    // builtins.mapAttrs (group: _: pick (namesIn group s) i.${group}) s.groups
+    // pick (namesIn null s) i;
 
   # The options of one instance named `instance` that dflashctl reads: each group a submodule.
   # `unitStr`: the module's string type without control characters.

@@ -128,7 +128,7 @@ def _flag_text(s: Setting) -> str:
         return "appended last"
     text = f"`{sg['flag']}`" + {"switch": " when true", "credential": " with the file's text"}.get(sg["map"], "")
     aliases = sg.get("aliases", [])
-    return text + (f" (also refused: {', '.join(f'`{a}`' for a in aliases)})" if aliases else "")
+    return text + (f" (alias {', '.join(f'`{a}`' for a in aliases)})" if aliases else "")
 
 
 def _effect_text(s: Setting) -> str:
@@ -142,10 +142,11 @@ def _effect_text(s: Setting) -> str:
 
 def docs_table(schema: Schema) -> str:
     """The settings table of docs/service.md, between its markers."""
-    rows = [TABLE_START, "| key | default | SGLang | effect |", "|---|---|---|---|",
-            f"| `name` | (instance key) | | {schema.name_rule['rule']}: {schema.name_rule['summary']} |"]
-    for s in schema.settings:
-        rows.append(f"| `{s.key}` | {_default_text(s)} | {_flag_text(s)} | {_effect_text(s)} |")
+    def row(*cells: str) -> str:
+        return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
+    rows = [TABLE_START, row("key", "default", "SGLang", "effect"), "|---|---|---|---|",
+            row("`name`", "(instance key)", "", f"{schema.name_rule['rule']}: {schema.name_rule['summary']}")]
+    rows += [row(f"`{s.key}`", _default_text(s), _flag_text(s), _effect_text(s)) for s in schema.settings]
     return "\n".join(rows + [TABLE_END])
 
 
@@ -160,7 +161,12 @@ def main(argv: list[str]) -> int:
         print("usage: python -m dflashctl.service.settings_schema docs/service.md", file=sys.stderr)
         return 2
     path = Path(argv[0])
-    path.write_text(with_table(path.read_text(), load()))
+    text = path.read_text()
+    if TABLE_START not in text or TABLE_END not in text:
+        print(f"{path} has no generated settings table: put these two lines where it goes, then run "
+              f"this again:\n{TABLE_START}\n{TABLE_END}", file=sys.stderr)
+        return 1
+    path.write_text(with_table(text, load()))
     return 0
 
 
