@@ -8,6 +8,7 @@ table. The shipped schema's table in docs/service.md is the generated one.
 
 import copy
 import json
+import re
 import subprocess
 
 import pytest
@@ -137,3 +138,21 @@ def test_a_new_setting_is_a_typed_option_in_the_module_system(schema_file):
     with pytest.raises(RuntimeError, match="maxRunningRequests' is not of type"):
         _nix("settings-eval.nix", *args, "--argstr", "instanceJSON",
              json.dumps({"model": "m", "maxRunningRequests": 0}))
+
+
+def test_the_name_control_and_cache_dir_rules_are_written_once():
+    """Both languages read these rules from the data files: no source holds one of their patterns
+    or texts (a copy would be free to drift from the data)."""
+    unit = json.loads((REPO / "python/dflashctl/service/data/service-unit.json").read_text())
+    name = settings_schema.load().name_rule
+    texts = [name["pattern"], name["rule"], unit["controlCharacters"]["problem"],
+             unit["cacheDir"]["plainRelative"], *unit["paths"].values(),
+             *(v for k, v in unit["cacheDir"].items() if k.endswith("Problem"))]
+    pieces = [max(re.split(r"\{\w+\}", t), key=len) for t in texts if isinstance(t, str)]
+    pieces = [p for p in pieces if len(p) >= 15]
+    assert len(pieces) >= 8, pieces
+    sources = [p for p in (REPO / "python").rglob("*.py")] + list((REPO / "nix").rglob("*.nix"))
+    for source in sources:
+        text = source.read_text()
+        found = [p for p in pieces if p in text]
+        assert not found, (source, found)

@@ -40,6 +40,7 @@ let
 
   # The settings file's keys and content, from dflashctl's settings schema (settings.json).
   settingsSchema = import ./settings.nix;
+  nameRule = settingsSchema.schema.name; # the instance name's pattern, as dflashctl's config.NAME_RE
   # Every string of a value with where it sits ("environment.X", "extraArgs[2]"); names too.
   stringsOf =
     where: v:
@@ -249,8 +250,8 @@ rec {
     in
     [
       {
-        assertion = match "[A-Za-z0-9][A-Za-z0-9_-]{0,63}" name != null;
-        message = "${opt}: the instance name must be 1-64 letters, digits, '-' or '_' (it becomes part of the systemd unit name dflash-<name>.service)";
+        assertion = match nameRule.pattern name != null;
+        message = "${opt}: the instance name must be ${nameRule.rule} (it becomes part of the systemd unit name dflash-<name>.service)";
       }
       {
         assertion = !inStore i.apiKeyFile;
@@ -288,7 +289,7 @@ rec {
           }
           {
             assertion = cacheOf i != null;
-            message = "${opt}.cacheDir: ${unitText.cacheDirNeedsUser i.cacheDir}";
+            message = "${opt}.cacheDir: ${unitText.cacheDirNeedsUser data.cacheDir i.cacheDir}";
           }
         ]
     );
