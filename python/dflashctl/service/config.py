@@ -1,9 +1,12 @@
 """Instance settings: the JSON that `services.dflash.instances.<name>` writes, its defaults and rules.
 
-One instance is one SGLang server. The JSON keys are the NixOS option names (camelCase); the
-dataclass attributes are the same names in snake_case. Loading checks types and ranges of one
-instance and lists every problem at once; rules that span instances live in `validate.py`.
-Unknown keys are errors: a typo must not be silently ignored.
+One instance is one SGLang server. Its settings are data/settings.json's (settings_schema.py
+reads it): the JSON keys are the NixOS option names (camelCase), the attributes of the frozen
+dataclasses made from the schema the same names in snake_case, and each value is checked by its
+entry's type. Loading checks types and ranges of one instance and lists every problem at once;
+rules that span instances live in `validate.py`. Unknown keys are errors: a typo must not be
+silently ignored. Every function that reads the schema takes another one (`schema=`), which is how
+tests/test_settings_schema.py follows a throw-away setting through.
 """
 
 import difflib
@@ -20,9 +23,9 @@ from dflashctl.host import hub_cache
 from dflashctl.service import settings_schema, unit_text
 
 SCHEMA = settings_schema.load()  # data/settings.json: every setting's key, type, default and flag
-ALGORITHMS = tuple(next(s for s in SCHEMA.settings if s.key == "speculative.algorithm").entry["choices"])
+ALGORITHMS = tuple(SCHEMA.setting("speculative.algorithm").entry["choices"])
 NEEDS_DRAFT = ("DFLASH", "DDTREE", "EAGLE3")
-GRAMMAR_BACKENDS = tuple(next(s for s in SCHEMA.settings if s.key == "grammarBackend").entry["choices"])
+GRAMMAR_BACKENDS = tuple(SCHEMA.setting("grammarBackend").entry["choices"])
 NAME_RE = re.compile(SCHEMA.name_rule["pattern"])  # always fullmatch: `$` would let "a\n" pass
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Every text value reaches the unit file or SGLang's argv: systemd refuses unit lines over 1 MiB

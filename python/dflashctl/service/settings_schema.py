@@ -66,6 +66,9 @@ class Schema:
     name_rule: dict  # {"pattern", "rule", "summary"}: the instance name
     groups: dict  # group name -> {"description", "example"}
 
+    def setting(self, key: str) -> Setting:
+        return next(s for s in self.settings if s.key == key)
+
     def top(self) -> list[Setting]:
         return [s for s in self.settings if s.group is None]
 
