@@ -61,7 +61,8 @@ def _field(s: settings_schema.Setting) -> tuple:
 @cache
 def dataclasses_of(schema: settings_schema.Schema) -> tuple[type, dict[str, type]]:
     """The frozen dataclasses of `schema`: one instance's settings and one per group (speculative)."""
-    groups = {g: make_dataclass(g.capitalize(), [_field(s) for s in schema.in_group(g)], frozen=True)
+    groups = {g: make_dataclass(g.capitalize(), [_field(s) for s in schema.in_group(g)], frozen=True,
+                                namespace={"__module__": __name__})
               for g in schema.groups}
     fields = [("name", str)] + [_field(s) for s in schema.top() if s.required] \
         + [(g, cls, field(default_factory=cls)) for g, cls in groups.items()] \
