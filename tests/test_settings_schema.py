@@ -63,6 +63,8 @@ def test_each_option_description_names_its_flag():
     (lambda d: d["settings"][1].pop("default"), "host: give exactly one of 'default' and 'required'"),
     (lambda d: d["settings"][1]["sglang"].update(map="flag"), "host: sglang.map 'flag' is not one of"),
     (lambda d: d["settings"].append({**THROWAWAY[1], "key": "draft.x"}), "draft.x: no group 'draft'"),
+    (lambda d: d["settings"][1]["sglang"].pop("flag"), "host: sglang.map 'value' needs a flag"),
+    (lambda d: d["settings"].append({**THROWAWAY[0], "min": 2}), "maxRunningRequests: an int needs min 0 or 1"),
 ])
 def test_a_broken_schema_is_refused(change, problem):
     data = json.loads(settings_schema.SCHEMA_FILE.read_text())
@@ -156,3 +158,15 @@ def test_the_name_control_and_cache_dir_rules_are_written_once():
         text = source.read_text()
         found = [p for p in pieces if p in text]
         assert not found, (source, found)
+
+
+def test_the_table_is_rewritten_in_place(tmp_path, capsys):
+    doc = tmp_path / "service.md"
+    stale = DOCS.read_text().replace("| `tpSize` | 1 |", "| `tpSize` | 2 |")
+    doc.write_text(stale)
+    assert settings_schema.main([str(doc)]) == 0
+    assert doc.read_text() == DOCS.read_text()
+    doc.write_text("# no table here\n")
+    assert settings_schema.main([str(doc)]) == 1
+    assert settings_schema.TABLE_START in capsys.readouterr().err
+    assert doc.read_text() == "# no table here\n"

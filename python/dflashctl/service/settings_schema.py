@@ -94,9 +94,15 @@ def _problems(data: dict) -> list[str]:
             out.append(f"{key}: type {e.get('type')!r} is not one of {', '.join(TYPES)}")
         if ("default" in e) == ("required" in e):
             out.append(f"{key}: give exactly one of 'default' and 'required'")
+        if e.get("type") == "int" and e.get("min") not in (0, 1):  # NixOS: ints.unsigned, ints.positive
+            out.append(f"{key}: an int needs min 0 or 1")
+        if e.get("type") == "choice" and not e.get("choices"):
+            out.append(f"{key}: a choice needs its choices")
         sg = e.get("sglang")
         if sg is not None and sg.get("map") not in MAPS:
             out.append(f"{key}: sglang.map {sg.get('map')!r} is not one of {', '.join(MAPS)}")
+        elif sg is not None and sg["map"] != "append" and not sg.get("flag"):
+            out.append(f"{key}: sglang.map {sg['map']!r} needs a flag")
         if not e.get("description"):
             out.append(f"{key}: no description")
     return out
