@@ -301,8 +301,12 @@ let
         };
         enableMetrics = mkOption {
           type = types.bool;
-          default = false;
-          description = "Serve Prometheus metrics at `/metrics` (`--enable-metrics`).";
+          default = true;
+          description = ''
+            Serve SGLang's Prometheus metrics at `/metrics` on the instance's own address and port
+            (`--enable-metrics`; no API key needed there). On by default: what it costs a decode
+            step is measured in docs/benchmarks.md. {option}`services.dflash.prometheus` scrapes it.
+          '';
         };
         environment = mkOption {
           type = types.attrsOf unitStr;
