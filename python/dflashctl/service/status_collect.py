@@ -30,7 +30,7 @@ from dflashctl.service.router_admin import RouterAdmin, RouterUnreachable
 
 HTTP_TIMEOUT_S = 3.0
 JOURNAL_LINES = 400
-ERROR_LINE = re.compile(r"\b(error|exception|traceback|fatal|failed|killed|out of memory)\b", re.IGNORECASE)
+ERROR_LINE = re.compile(r"error|exception|traceback|fatal|failed|killed|out of memory", re.IGNORECASE)
 
 
 def systemd_here() -> str | None:
@@ -98,7 +98,8 @@ def _json(status: int, body: bytes) -> dict | None:
 
 
 def last_error(unit_name: str) -> dict | None:
-    """The newest journal line of the unit that reads as an error: {"time", "text"}; None if none."""
+    """The newest line the unit's processes wrote to the journal that reads as an error (priority err
+    or worse, or an error word: SGLang's and serve's lines come as info): {"time", "text"}; None if none."""
     try:
         r = subprocess.run(["journalctl", "-u", unit_name, "-n", str(JOURNAL_LINES), "-o", "json", "--no-pager",
                             "-q"], capture_output=True, text=True, timeout=10)
@@ -108,6 +109,8 @@ def last_error(unit_name: str) -> dict | None:
         try:
             entry = json.loads(line)
         except ValueError:
+            continue
+        if entry.get("_PID") == "1":  # systemd's own lines about the unit: its state is shown already
             continue
         text = entry.get("MESSAGE")
         if isinstance(text, list):  # journald gives non-UTF-8 messages as byte arrays

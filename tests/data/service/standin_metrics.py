@@ -19,7 +19,10 @@ import threading
 import time
 from pathlib import Path
 
-RECORDING = Path(__file__).resolve().parent.parent / "metrics" / "h200" / "instance-metrics.txt"
+HERE = Path(__file__).resolve().parent
+# In the repository, or beside this file where a test copied both (the systemd tier's container).
+RECORDING = next((p for p in (HERE.parent / "metrics" / "h200" / "instance-metrics.txt",
+                              HERE / "instance-metrics.txt") if p.exists()), HERE / "instance-metrics.txt")
 RECORDED_MODEL = "/tmp/tmp.uIOFWNYgV4/models/oracle-9d82f9511034e837/target"
 ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
                0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000]
