@@ -19,7 +19,14 @@
 { pkgs, self }:
 let
   python = pkgs.python312;
-  standIn = ../tests/data/service/standin_server.py;
+  # The stand-in, its /metrics (the instances' enableMetrics is on) and the recording it serves from.
+  standInDir = pkgs.runCommand "dflash-standin" { } ''
+    mkdir $out
+    cp ${../tests/data/service/standin_server.py} $out/standin_server.py
+    cp ${../tests/data/service/standin_metrics.py} $out/standin_metrics.py
+    cp ${../tests/data/metrics/h200/instance-metrics.txt} $out/instance-metrics.txt
+  '';
+  standIn = "${standInDir}/standin_server.py";
   dflashctl = pkgs.callPackage ./packages/dflashctl.nix {
     inherit python;
     inherit (python.pkgs) packaging;

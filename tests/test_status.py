@@ -78,7 +78,7 @@ def test_a_host_with_nothing_running_names_every_missing_part(tmp_path):
     assert a["answers"] is False and a["problems"] == [f"does not answer at {a['url']}"]
     assert a["accept_length_min"] == 4.0 and a["accept_length"] is None and a["unit_state"] is None
     assert any("enableMetrics is false" in m for m in off["missing"]) and off["accept_length_min"] is None
-    assert rep["router"] is None and "no router settings" in rep["router_missing"]
+    assert rep["router"] is None and rep["router_missing"] == "--no-router"
     assert rep["systemd"] is False and rep["systemd_missing"]
     assert rep["exit_code"] == 1 and rep["problems"] == [f"a: does not answer at {a['url']}",
                                                          f"off: does not answer at {off['url']}"]

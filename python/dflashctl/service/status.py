@@ -173,7 +173,7 @@ def _named(w: dict) -> str:
     return f" (instance {w['instance']})" if w.get("instance") else ""
 
 
-def report(samples: list[Sample], min_accept: dict[str, float | None]) -> dict:
+def report(samples: list[Sample], min_accept: dict[str, float | None], router_missing: str | None = None) -> dict:
     last = samples[-1]
     times = [s.at for s in samples]
     instances = []
@@ -192,8 +192,9 @@ def report(samples: list[Sample], min_accept: dict[str, float | None]) -> dict:
         "systemd": last.systemd is None, "systemd_missing": last.systemd,
         "nvml": last.nvml is None, "nvml_missing": last.nvml,
         "instances": instances,
-        "router": rep_router, "router_missing": None if last.router is not None else "no router settings "
-        f"({unit_text.router_unit_data()['settingsPath']} does not exist; --router FILE)",
+        "router": rep_router, "router_missing": None if last.router is not None else (
+            router_missing or f"no router settings ({unit_text.router_unit_data()['settingsPath']} does not "
+            "exist; --router FILE)"),
         "healthy": healthy, "exit_code": OK if healthy else FAILED, "problems": problems,
     }
 
@@ -349,6 +350,7 @@ def run(args) -> int:
         except DflashError as e:
             key_problem = f"{e.what} ({e.why}): run as root to list the workers"
     floors = thresholds(cfgs, monitoring.name_values(args.min_accept_length, "--min-accept-length", float))
+    no_router = "--no-router" if args.no_router else None
 
     def collect() -> Sample:
         return status_collect.sample(cfgs, rcfg, admin_key, key_problem, use_systemd=not args.no_systemd)
@@ -358,13 +360,13 @@ def run(args) -> int:
         if args.window > 0:
             time.sleep(args.window)
             samples.append(collect())
-        rep = report(samples, floors)
+        rep = report(samples, floors, no_router)
         print(json.dumps(rep, indent=2) if args.json else render(rep, color=sys.stdout.isatty()))
         return rep["exit_code"]
-    return watch(args, collect, floors)
+    return watch(args, collect, floors, no_router)
 
 
-def watch(args, collect, floors) -> int:
+def watch(args, collect, floors, no_router: str | None) -> int:
     tty = sys.stdout.isatty() and not args.json
     history: list[Sample] = []
     code, shown = OK, 0
@@ -375,7 +377,7 @@ def watch(args, collect, floors) -> int:
             history.append(collect())
             while len(history) > 2 and history[-1].at - history[0].at > HISTORY_S:
                 history.pop(0)
-            rep = report(history, floors)
+            rep = report(history, floors, no_router)
             code = rep["exit_code"]
             if args.json:
                 print(json.dumps(rep), flush=True)
