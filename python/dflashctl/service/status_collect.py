@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from dflashctl.errors import DflashError
 from dflashctl.host import driver, gpus, hub_cache
-from dflashctl.service import canary, serve, sglang_args, unit
+from dflashctl.service import canary, monitoring, serve, sglang_args, unit
 from dflashctl.service.config import InstanceConfig
 from dflashctl.service.instance_control import Systemd, UnitState
 from dflashctl.service.metrics_text import Metrics, ParseError
@@ -214,8 +214,7 @@ def sample_router(cfg: RouterConfig, admin_key: str | None, key_problem: str | N
             s.missing.append(f"workers: {e.what} ({e.why})")
         except DflashError as e:
             s.missing.append(f"workers: {e.what} ({e.why})")
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(cfg.metrics_host, cfg.metrics_host)
-    url = f"http://[{host}]:{cfg.metrics_port}" if ":" in host else f"http://{host}:{cfg.metrics_port}"
+    url = "http://" + monitoring.target(cfg.metrics_host, cfg.metrics_port)  # where Prometheus scrapes it
     status, body = _get(url, "/metrics", None)
     if status == 200:
         try:
