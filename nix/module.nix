@@ -568,7 +568,17 @@ let
   instancesConfig = {
     assertions =
       lib.concatLists (lib.mapAttrsToList serviceUnit.assertions instances)
-      ++ serviceUnit.sharedCacheAssertions instances;
+      ++ serviceUnit.sharedCacheAssertions instances
+      ++ lib.concatLists (
+        lib.mapAttrsToList (
+          name: i:
+          serviceUnit.execAssertions name {
+            inherit dflashctl;
+            python = pythonOf i;
+            settingsFile = "${settingsFile name i}";
+          }
+        ) instances
+      );
 
     warnings = lib.concatLists (lib.mapAttrsToList serviceUnit.warnings instances);
 
@@ -881,7 +891,13 @@ in
       ];
     })
     (lib.mkIf rcfg.enable {
-      assertions = routerUnit.assertions rcfg instances;
+      assertions =
+        routerUnit.assertions rcfg instances
+        ++ routerUnit.execAssertions {
+          inherit dflashctl;
+          python = routerPython;
+          settingsFile = "/etc/${routerEtc}";
+        };
       system.checks = [ routerCheck ];
       environment.etc.${routerEtc}.source = routerSettingsFile;
       systemd.services.dflash-router = routerService;

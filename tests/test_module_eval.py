@@ -236,6 +236,15 @@ def test_a_host_can_choose_either_way_and_tune_the_rollout():
     assert "services.dflash.upgrade' is not of type" in str(e.value)
 
 
+def test_a_path_the_sandbox_hides_is_a_nixos_assertion():
+    """The unit path rule (issue 34) reaches NixOS: a local model under /home is refused naming its
+    option; the ExecStart paths the module names itself (store paths) pass it."""
+    out = evaluate({"a": {**QWEN, "model": "/home/me/models/qwen"}})
+    assert f"{OPT}.a.model: /home/me/models/qwen is hidden from the service by ProtectHome=true" \
+        in out["failedAssertions"]
+    assert evaluate({"a": QWEN})["failedAssertions"] == []
+    assert evaluate({"a": QWEN}, router={"enable": True})["failedAssertions"] == []
+
 
 def test_monitoring_options_are_typed_and_reach_prometheus_and_grafana():
     from dflashctl.service import config, monitoring

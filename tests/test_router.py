@@ -109,8 +109,9 @@ def render_cli(tmp_path: Path, settings: dict | None = None, remote=()) -> Path:
     s = tmp_path / "given.json"
     s.write_text(json.dumps({**(settings or {}), **({"remoteWorkers": list(remote)} if remote else {})}))
     out = tmp_path / "dflash-router.service"
-    assert cli.main(["router-unit", *files, "--settings", str(s), "--python", sys.executable,
-                     "--dflashctl", sys.executable, "-o", str(out),
+    visible = shutil.which("true")  # an executable the unit's sandbox can see (a venv may lead into /root)
+    assert cli.main(["router-unit", *files, "--settings", str(s), "--python", visible,
+                     "--dflashctl", visible, "-o", str(out),
                      "--settings-output", str(tmp_path / "router.json")]) == 0
     return out
 
@@ -126,6 +127,8 @@ def test_rendered_unit_has_no_gpu_and_survives_a_down_instance(tmp_path):
     stop = int(d["TimeoutStopSec"][0].rstrip("s"))
     assert stop > json.loads((tmp_path / "router.json").read_text())["drainSec"]
     assert d["LoadCredential"] == ["router-api-key:/etc/dflash/key", "router-admin-api-key:/etc/dflash/admin"]
+    assert d["SetCredential"] == ["router-api-key:DFLASH-CREDENTIAL-NOT-LOADED",  # unit.credentials' fallback
+                                  "router-admin-api-key:DFLASH-CREDENTIAL-NOT-LOADED"]
     assert d["IPAddressAllow"] == ["localhost"] and d["IPAddressDeny"] == ["any"]
     assert "key" not in d["ExecStart"][0].replace("--config", "")  # secrets only as credentials
 

@@ -850,3 +850,134 @@ def test_status_reads_the_units_restarts_and_journal(deploy, container):
     text = c.run([DFLASHCTL, "status", "--no-router", "--window", "0", "--instance", f"/etc/dflash/{a.name}.json"],
                  check=False)
     assert text.returncode == 0 and text.stdout.splitlines()[1].split()[1] == "active/running", text.stdout
+
+
+# --- the unit as the README renders it on a host without NixOS (issue 34) ----------------------------
+
+
+def _install_steps(stderr: str) -> str:
+    """The steps `dflashctl unit` prints for root, as a shell script (the log-following last line out)."""
+    lines = stderr.split("Install on the host (as root):\n", 1)[1].splitlines()
+    return "\n".join(ln for ln in lines if "journalctl -u" not in ln) + "\n"
+
+
+def _readme_unit(c: Container, name: str, dflashctl: str, extra: tuple[str, ...] = (), settings=None):
+    """`cd DIR && dflashctl unit --config NAME.json -o dflash-NAME.service` as README's "A host without
+    NixOS" says: a relative settings file, no --dflashctl (the one that runs), the default
+    --config-path. Returns (settings, the command's result, the unit's text or None)."""
+    inst = Instance(c, name)
+    cfg = {"name": name, "model": "stand-in", "port": next(_ports), "gpus": [0], "startTimeoutSec": 120,
+           "environment": {"STANDIN_OK_FILE": f"{inst.home}/ok", "STANDIN_ARGV_FILE": f"{inst.home}/argv.json"},
+           **(settings or {})}
+    c.write(f"/root/render/{name}.json", json.dumps(cfg, indent=2))
+    script = (f"cd /root/render && {shlex.quote(dflashctl)} unit --config {name}.json "
+              f"-o {inst.unit} {' '.join(map(shlex.quote, extra))}")
+    r = c.run(["sh", "-c", script], check=False)
+    text = c.run(["cat", f"/root/render/{inst.unit}"], check=False).stdout if r.returncode == 0 else None
+    return inst, r, text
+
+
+def _follow_the_steps(c: Container, inst: Instance, r, text: str) -> None:
+    """The drop-in that swaps SGLang for the stand-in, then the printed steps, run by sh as root."""
+    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    c.write(f"/etc/systemd/system/{inst.unit}.d/test.conf",
+            f"[Service]\nEnvironment={shlex.quote('DFLASHCTL_SGLANG_LAUNCHER=' + LAUNCHER)}\n"
+            f"ExecStart=\n{exec_start} --skip-preflight\n")
+    steps = c.run(["sh", "-ec", "cd /root/render\n" + _install_steps(r.stderr)], check=False, timeout=WAIT_S + 60)
+    assert steps.returncode == 0, steps.stdout + steps.stderr + inst.journal()
+
+
+def _forget(c: Container, inst: Instance, settings_path: str) -> None:
+    inst.systemctl("disable", "--now", inst.unit)
+    inst.systemctl("reset-failed", inst.unit)
+    c.run(["rm", "-rf", f"/etc/systemd/system/{inst.unit}", f"/etc/systemd/system/{inst.unit}.d", settings_path])
+    c.run(["systemctl", "daemon-reload"])
+
+
+def test_a_unit_rendered_as_the_readme_says_starts(container):
+    """A venv under /opt (README), `dflashctl unit` with no --dflashctl, the printed steps run as
+    printed, with a settings path that needs quoting (`--config-path '/etc/dflash/my gpu0.json'`,
+    finding 9): the unit starts and is ready."""
+    c = container
+    inst, r, text = _readme_unit(c, "readme", DFLASHCTL, ("--config-path", "/etc/dflash/my readme.json"))
+    assert r.returncode == 0, r.stderr
+    assert "'/etc/dflash/my readme.json'" in r.stderr  # quoted for the shell it is pasted into
+    assert f"ExecStart={DFLASHCTL} serve --config \"/etc/dflash/my readme.json\"" in text
+    try:
+        _follow_the_steps(c, inst, r, text)
+        view = inst.show("ActiveState", "SubState", "StatusText")
+        assert (view["ActiveState"], view["SubState"]) == ("active", "running"), (view, inst.journal())
+        assert inst.read(f"{inst.home}/ok").startswith("200 ")
+        assert json.loads(inst.read("/etc/dflash/my readme.json"))["name"] == "readme"
+    finally:
+        _forget(c, inst, "/etc/dflash/my readme.json")
+
+
+def test_a_unit_rendered_from_a_nix_profile_names_the_store(container):
+    """`nix profile install .#dflash-env` puts dflashctl behind ~/.nix-profile, under /root, which
+    ProtectHome hides: the unit names the store path the profile links to, and it starts. The
+    store here is a stand-in: a venv at a /nix/store path, linked the way a profile links."""
+    c = container
+    env = "/nix/store/0000000000000000000000000000000a-dflash-env"
+    profile = "/nix/store/0000000000000000000000000000000b-profile"
+    c.run(["python3", "-m", "venv", "--system-site-packages", env])
+    c.run([f"{env}/bin/pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
+           "/opt/dflash-src"], timeout=180)
+    c.run(["sh", "-ec", f"mkdir -p {profile}/bin /nix/var/nix/profiles && ln -sfn {env}/bin/dflashctl "
+                        f"{profile}/bin/dflashctl && ln -sfn {profile} /nix/var/nix/profiles/default && "
+                        "ln -sfn /nix/var/nix/profiles/default /root/.nix-profile"])
+    inst, r, text = _readme_unit(c, "profile", "/root/.nix-profile/bin/dflashctl")
+    assert r.returncode == 0, r.stderr
+    assert f"ExecStart={profile}/bin/dflashctl serve --config /etc/dflash/profile.json" in text
+    try:
+        _follow_the_steps(c, inst, r, text)
+        assert inst.show("ActiveState")["ActiveState"] == "active", inst.journal()
+    finally:
+        _forget(c, inst, "/etc/dflash/profile.json")
+
+
+def test_a_venv_under_root_is_refused_with_the_fix(container):
+    """Finding 1: from a venv in /root the unit would fail with 203/EXEC under ProtectHome; `unit`
+    refuses to render it, and says where to put the stack instead."""
+    c = container
+    c.run(["python3", "-m", "venv", "--system-site-packages", "/root/venv"])
+    c.run(["/root/venv/bin/pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
+           "/opt/dflash-src"], timeout=180)
+    inst, r, text = _readme_unit(c, "rootvenv", "/root/venv/bin/dflashctl")
+    assert r.returncode == errors.CONFIG and text is None, r.stderr
+    assert "/root/venv/bin/dflashctl is hidden from the service by ProtectHome=true" in r.stderr
+    assert r.stderr.splitlines()[-1].startswith("  fix: install the stack outside /home, /root and /tmp")
+    assert not c.path(f"/root/render/{inst.unit}").exists()  # nothing written
+
+
+def test_a_missing_credential_file_is_named_when_the_unit_fails(deploy, container, unit_source):
+    """An apiKeyFile that does not exist: `unit` warns when it renders; at start systemd hands the
+    service the unit's SetCredential fallback, and serve names the file in the status and the
+    journal and exits 78, not restarted (without the fallback systemd fails the unit with
+    243/CREDENTIALS, "Failed to set up credentials: Protocol error", naming nothing)."""
+    key = "/etc/dflash/keys/never-made.key"
+    if unit_source == "dflashctl_unit":
+        warned = container.run([DFLASHCTL, "unit", "--config", "/dev/stdin", "--dflashctl", DFLASHCTL],
+                               input=json.dumps({"name": "w", "model": "m", "apiKeyFile": key}))
+        assert f"warning: apiKeyFile {key} does not exist on this host" in warned.stderr
+    inst = deploy("nokey", settings={"apiKeyFile": key})
+    r = inst.start()
+    assert r.returncode != 0
+    view = inst.show("ActiveState", "Result", "ExecMainStatus", "NRestarts", "StatusText")
+    assert int(view["ExecMainStatus"]) == errors.CONFIG and view["ActiveState"] == "failed", view
+    assert f"systemd could not read apiKeyFile {key}" in view["StatusText"], view
+    status = inst.systemctl("status", "--no-pager", "-l", "--lines", "20", inst.unit).stdout
+    print(f"\nsystemctl status ({unit_source}):\n{status}")
+    assert f"systemd could not read apiKeyFile {key}" in status, status  # what the operator sees
+    assert "fix: create " + key in inst.journal()
+    time.sleep(usec(inst.show("RestartUSec")["RestartUSec"]) + 1)
+    assert inst.show("NRestarts")["NRestarts"] == "0"
+    if unit_source == "dflashctl_unit":  # and what systemd alone says, without the fallback
+        inst.systemctl("reset-failed", inst.unit)
+        container.write(f"/etc/systemd/system/{inst.unit}.d/zz-no-fallback.conf", "[Service]\nSetCredential=\n")
+        container.run(["systemctl", "daemon-reload"])
+        assert inst.start().returncode != 0
+        view = inst.show("ExecMainStatus", "StatusText")
+        assert int(view["ExecMainStatus"]) == 243, view  # 243/CREDENTIALS
+        journal = inst.journal()
+        assert "Failed to set up credentials" in journal and key not in journal.split("Failed to set up", 1)[1]

@@ -313,9 +313,9 @@ def test_hostile_values_are_rendered_or_refused_as_dflashctl_does(hostile_result
             continue
         try:
             want = python_unit("a", options, paths)
-        except DflashError as e:  # dflashctl unit refuses the cache directory: a NixOS assertion
-            assert f"{OPT}.a.cacheDir: {e.why}" in result["failedAssertions"], (case, e.why, result)
-            seen["cache directory"] += 1
+        except DflashError as e:  # dflashctl unit refuses a path the unit cannot use: a NixOS assertion
+            assert f"{OPT}.a.{e.setting}: {e.why}" in result["failedAssertions"], (case, e.why, result)
+            seen["cache directory" if e.setting == "cacheDir" else "hidden path"] += 1
             continue
         assert result["failedAssertions"] == [], case
         got = result["units"]["a"]["text"]
@@ -326,7 +326,7 @@ def test_hostile_values_are_rendered_or_refused_as_dflashctl_does(hostile_result
         seen["rendered"] += 1
     # every kind of outcome occurs, so no branch above is dead
     assert all(seen[k] > 0 for k in ("control character", "build-time check", "cache directory",
-                                     "rendered")), seen
+                                     "hidden path", "rendered")), seen
     if shutil.which("systemd-analyze"):
         r = _verify(verifiable)
         assert r.returncode == 0 and "Unknown key" not in r.stderr, r.stderr

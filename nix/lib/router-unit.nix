@@ -25,6 +25,10 @@ let
 
   unitText = import ./unit-text.nix;
   data = builtins.fromJSON (builtins.readFile ../../python/dflashctl/service/data/router-unit.json);
+  # The sandbox's hidden directories and the credential fallback: one text for both units.
+  serviceData = builtins.fromJSON (
+    builtins.readFile ../../python/dflashctl/service/data/service-unit.json
+  );
   loopback = [
     "127.0.0.1"
     "localhost"
@@ -54,10 +58,16 @@ let
 
   credentials =
     s:
-    optional (s.apiKeyFile != null) "${data.apiKeyCredential}:${unitText.specifiers s.apiKeyFile}"
-    ++ optional (
-      s.adminApiKeyFile != null
-    ) "${data.adminApiKeyCredential}:${unitText.specifiers s.adminApiKeyFile}";
+    unitText.credentials serviceData.credentialFallback [
+      {
+        id = data.apiKeyCredential;
+        path = s.apiKeyFile;
+      }
+      {
+        id = data.adminApiKeyCredential;
+        path = s.adminApiKeyFile;
+      }
+    ];
 
   command =
     {
@@ -210,6 +220,10 @@ in
     ];
   };
 
+  # NixOS assertions that the unit can run what ExecStart names (`dflashctl router-unit`'s rule).
+  execAssertions =
+    paths: unitText.pathAssertions serviceData.hidden "services.dflash.router (ExecStart)" paths;
+
   # { Unit, Service, Install }: directive -> value (a list is one line per element). `dflashctl`,
   # `python` (the router environment's interpreter) and `settingsFile` are absolute paths.
   directives =
@@ -235,7 +249,7 @@ in
           ExecReload = command paths [ "--sync" ];
           TimeoutStopSec = "${toString (s.drainSec + data.stopMarginSec)}s";
         }
-        // optionalAttrs (credentials s != [ ]) { LoadCredential = credentials s; }
+        // credentials s
         // optionalAttrs (loopbackOnly s) (
           removeAttrs data.ipAddress (filter (k: match "_.*" k != null) (builtins.attrNames data.ipAddress))
         );

@@ -115,10 +115,35 @@ let
 
   credentials =
     i:
-    optional (i.apiKeyFile != null) "${data.apiKeyCredential}:${unitText.specifiers i.apiKeyFile}"
-    ++ optional (
-      i.hfTokenFile != null
-    ) "${data.hfTokenCredential}:${unitText.specifiers i.hfTokenFile}";
+    unitText.credentials data.credentialFallback [
+      {
+        id = data.apiKeyCredential;
+        path = i.apiKeyFile;
+      }
+      {
+        id = data.hfTokenCredential;
+        path = i.hfTokenFile;
+      }
+    ];
+
+  # The host directories the service reads (unit.referenced_settings in dflashctl).
+  isLocal = model: model != null && builtins.any (p: hasPrefix p model) texts.localModelPrefixes;
+  referencedPaths =
+    i:
+    filter (r: r.path != null) [
+      {
+        key = "model";
+        path = if isLocal i.model then i.model else null;
+      }
+      {
+        key = "draftModel";
+        path = if isLocal i.draftModel then i.draftModel else null;
+      }
+      {
+        key = "driverLibraryDir";
+        path = i.driverLibraryDir;
+      }
+    ];
 
   # A cacheDir directive that the data file also sets (CacheDirectory=%N) gets both values.
   cacheDirectives =
@@ -239,7 +264,7 @@ rec {
           ];
           TimeoutStartSec = "${toString (i.startTimeoutSec + data.timeoutStartMarginSec)}s";
         }
-        // optionalAttrs (credentials i != [ ]) { LoadCredential = credentials i; }
+        // credentials i
         // cacheDirectives i
         // optionalAttrs (staticUser i) (
           {
@@ -293,6 +318,11 @@ rec {
         message = "${opt}.user = \"root\" would run SGLang with full privileges; use null (DynamicUser) or an unprivileged user";
       }
     ]
+    # What the service reads from the host must be visible in its sandbox (unit_text's rule).
+    ++ map (r: {
+      assertion = unitText.unitPathProblem data.hidden r.path == null;
+      message = "${opt}.${r.key}: ${toString (unitText.unitPathProblem data.hidden r.path)}";
+    }) (referencedPaths i)
     # The option types refuse these already; the rule stands here for callers without them.
     ++ map (s: {
       assertion = false;
@@ -304,8 +334,10 @@ rec {
       else
         [
           {
-            assertion = unitText.cacheDirProblem data.cacheDir i.cacheDir == null;
-            message = "${opt}.cacheDir: ${toString (unitText.cacheDirProblem data.cacheDir i.cacheDir)}";
+            assertion = unitText.cacheDirProblem data.cacheDir data.hidden i.cacheDir == null;
+            message = "${opt}.cacheDir: ${
+              toString (unitText.cacheDirProblem data.cacheDir data.hidden i.cacheDir)
+            }";
           }
           {
             assertion = cacheOf i != null;
@@ -313,6 +345,10 @@ rec {
           }
         ]
     );
+
+  # NixOS assertions that the unit can run what ExecStart names (store paths in the module).
+  execAssertions =
+    name: paths: unitText.pathAssertions data.hidden "${optionPath name} (ExecStart)" paths;
 
   # systemd chowns a CacheDirectory/StateDirectory to the dynamic user of each start: two
   # DynamicUser instances on one directory would take it from each other. `instances`: the enabled.

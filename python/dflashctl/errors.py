@@ -12,7 +12,10 @@ NOT_LOSSLESS = 4  # smoke: a speculative run's greedy outputs differ from the ba
 GRAMMAR_VIOLATION = 5  # smoke: a constrained output broke its grammar, or a constrained request failed
 DRAFTS_REJECTED = 6  # smoke: the oracle pair's acceptance left its band: the draft path is broken
 ROLLOUT_STOPPED = 7  # rollout: a step failed or was interrupted; the instances not reached still serve
+INPUT = 66  # EX_NOINPUT: an input file (lock, spec, fingerprint) cannot be read or is not one
+OUTPUT = 73  # EX_CANTCREAT: an output file cannot be written (nothing was written: output.py)
 ROLLOUT_BUSY = 75  # EX_TEMPFAIL: another rollout holds this host's rollout lock
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 # Failures that repeat identically on every start: systemd must not restart them
 # (listed in RestartPreventExitStatus in python/dflashctl/service/data/service-unit.json; a test keeps both in step).

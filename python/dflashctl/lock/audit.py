@@ -19,7 +19,6 @@ different content (python.buildEnv refuses a collision): their files, their entr
 Run it after every pin change: `dflashctl lock` says so.
 """
 
-import argparse
 import fnmatch
 import json
 import os
@@ -32,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflashctl.errors import FAILED, DflashError
+from dflashctl import cli_help, output
+from dflashctl.errors import FAILED, INPUT, DflashError
 from dflashctl.lock import lockfile, wheelfetch, wheelfiles
 from dflashctl.lock import spec as specmod
 from dflashctl.lock.fixup_scripts import effects
@@ -297,8 +297,23 @@ def audit_system(lock, system, repo, lock_path, fixups, cache, source, urls, onl
     return report, stats
 
 
+def check_inputs(args) -> None:
+    """What audit reads besides the lock, before anything is evaluated or fetched."""
+    repo = Path(args.repo)
+    if not os.path.isfile(repo / "nix" / "audit.nix"):
+        raise DflashError(f"{repo} is not the flake's checkout", f"{repo / 'nix' / 'audit.nix'} is missing "
+                          "(the audit evaluates it and overlays/)",
+                          "run `dflashctl audit` in the repository root, or pass --repo DIR", INPUT)
+    for flag, value in (("--fixups", args.fixups), ("--wheels", args.wheels)):
+        if value is not None and not os.path.isdir(value):
+            raise DflashError(f"{flag} {value!r} is not a directory", "", f"pass {flag} an existing directory",
+                              INPUT)
+    output.check_dir(Path(args.cache) if args.cache else default_cache(), "--cache")
+
+
 def run(args) -> int:
     start = time.monotonic()
+    check_inputs(args)
     lock = lockfile.load(args.lock)
     repo = Path(args.repo)
     systems = args.system or sorted(lock.systems)
@@ -325,19 +340,19 @@ def run(args) -> int:
                   file=sys.stderr)
     wall = time.monotonic() - start
     problems = [p for r in reports for p in r.problems]
-    if args.json:
-        print(json.dumps({"ok": not problems, "wall_s": round(wall, 1), **totals,
-                          "systems": {r.system: {"packages": r.packages, "elf_files": r.elf_files,
-                                                 "replacements": r.replacements,
-                                                 "installed_paths": r.installed_paths,
-                                                 "scripts": r.scripts,
-                                                 "bytecode_files": r.bytecode_files,
-                                                 "problems": r.problems} for r in reports}},
-                         indent=2))
+    result = {"ok": not problems, "wall_s": round(wall, 1), **totals,
+              "systems": {r.system: {"packages": r.packages, "elf_files": r.elf_files,
+                                     "replacements": r.replacements, "installed_paths": r.installed_paths,
+                                     "scripts": r.scripts, "bytecode_files": r.bytecode_files,
+                                     "problems": r.problems} for r in reports}}
     if problems:
-        raise DflashError(f"the Nix build of {args.lock} would fail ({len(problems)} problem(s))",
-                          "".join(f"\n  - {p}" for p in problems),
-                          "fix each as it says, then run `dflashctl audit` again", FAILED)
+        e = DflashError(f"the Nix build of {args.lock} would fail ({len(problems)} problem(s))",
+                        "".join(f"\n  - {p}" for p in problems),
+                        "fix each as it says, then run `dflashctl audit` again", FAILED)
+        e.result = result
+        raise e
+    if args.json:
+        output.print_json(result)
     if not args.json:
         print(f"audit passed for {', '.join(systems)} in {wall:.1f} s "
               f"({totals['downloaded_bytes'] / 2**30:.2f} GiB downloaded, {totals['reused']} wheels reused)")
@@ -346,8 +361,7 @@ def run(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("audit", help="predict autoPatchelf, fix-ups and collisions from the "
-                              "locked wheels", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              "locked wheels", **cli_help.texts("audit", __doc__, full=True))
     p.add_argument("--lock", type=Path, default=lockfile.DEFAULT_LOCK, help="default: %(default)s")
     p.add_argument("--spec", type=Path, default=lockfile.DEFAULT_SPEC, help="default: %(default)s")
     p.add_argument("--repo", type=Path, default=Path("."),

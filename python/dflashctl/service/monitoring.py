@@ -15,14 +15,14 @@ nix/lib/monitoring.nix (tests hold both to one result):
 - `for:` of any alert, given by name (a test's copy runs them in seconds).
 """
 
-import argparse
 import json
+import os
 import sys
 from functools import cache
 from pathlib import Path
 
-from dflashctl.errors import CONFIG, DflashError
-from dflashctl.lock import lockfile
+from dflashctl import cli_help, output
+from dflashctl.errors import CONFIG, USAGE, DflashError
 from dflashctl.service import config, rollout_plan, router, unit_text
 from dflashctl.service.config import InstanceConfig
 
@@ -143,6 +143,9 @@ def scrape_configs(cfgs: list[InstanceConfig], router_cfg=None, gpu_targets: lis
 
 def router_settings(path: str | None, no_router: bool):
     """The router's settings (no keys read), or None: --no-router, or no file at the default path."""
+    if no_router and path is not None:
+        raise DflashError("--router and --no-router do not go together", f"--router {path} names a router, "
+                          "--no-router leaves it out", "pass one of them", USAGE)
     default = unit_text.router_unit_data()["settingsPath"]
     if no_router or (path is None and not Path(default).exists()):
         return None
@@ -163,7 +166,8 @@ def drafter_block_sizes(cfgs: list[InstanceConfig]) -> dict[str, int]:
     return out
 
 
-def name_values(values: list[str], flag: str, convert) -> dict:
+def name_values(values: list[str], flag: str, convert, example: str) -> dict:
+    """NAME=VALUE arguments; a malformed one is a usage error."""
     out = {}
     for v in values:
         name, sep, value = v.partition("=")
@@ -172,13 +176,28 @@ def name_values(values: list[str], flag: str, convert) -> dict:
                 raise ValueError
             out[name] = convert(value)
         except ValueError:
-            raise DflashError(f"{flag} {v!r} is not NAME=VALUE", "", f"e.g. {flag} qwen3=3.5", CONFIG) from None
+            raise DflashError(f"{flag} {v!r} is not NAME=VALUE", f"e.g. {flag} {example}",
+                              f"see dflashctl {'status' if 'accept' in flag else 'monitoring'} --help", USAGE) from None
     return out
+
+
+def accept_length(text: str) -> float:
+    value = float(text)
+    if not value >= 1 or value == float("inf"):  # SGLang's acceptance length counts the bonus token
+        raise ValueError
+    return value
+
+
+def unknown_instances(given: dict, cfgs: list[InstanceConfig], flag: str) -> None:
+    unknown = sorted(set(given) - {c.name for c in cfgs})
+    if unknown:
+        raise DflashError(f"{flag} names no instance: {', '.join(unknown)}",
+                          f"the instances are {', '.join(sorted(c.name for c in cfgs))}", "use one of them", CONFIG)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("monitoring", help="this host's Prometheus scrape config, alert rules and dashboard",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("monitoring", __doc__))
     p.add_argument("--instance", action="append", default=[], metavar="FILE",
                    help=f"an instance's settings (repeat; default: every {rollout_plan.SETTINGS_GLOB})")
     p.add_argument("--router", metavar="FILE", help="the router settings (default: "
@@ -190,46 +209,54 @@ def register(subparsers) -> None:
     p.add_argument("--min-accept-length", action="append", default=[], metavar="NAME=X",
                    help="the acceptance length below which NAME's alert fires (default: a quarter of its block, "
                         "at least 1.5)")
-    p.add_argument("--ttft-p99", type=float, metavar="SEC", help="time to first token p99 threshold (default "
+    p.add_argument("--ttft-p99", type=cli_help.positive_float, metavar="SEC",
+                   help="time to first token p99 threshold (default "
                    f"{data()['thresholds']['ttftP99Sec']['default']} s)")
     p.add_argument("--gpu-exporter", action="append", default=[], metavar="HOST:PORT",
                    help="a dcgm-exporter (9400) or nvidia_gpu_exporter (9835) to scrape too (repeat)")
-    p.add_argument("--scrape-interval", type=int, metavar="SEC", help=f"default {data()['scrapeIntervalSec']}")
+    p.add_argument("--scrape-interval", type=cli_help.positive_int, metavar="SEC",
+                   help=f"seconds between scrapes (default {data()['scrapeIntervalSec']})")
     p.add_argument("--alert-for", action="append", default=[], metavar="ALERT=DURATION",
                    help="another `for:` for an alert, e.g. DflashAcceptanceLow=30m")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    if not (args.scrape_config or args.rules or args.dashboard):
-        raise DflashError("nothing to write", "", "pass --scrape-config FILE, --rules FILE and/or --dashboard FILE",
-                          CONFIG)
+    outputs = [(output.check(path, flag), flag) for path, flag in ((args.scrape_config, "--scrape-config"),
+               (args.rules, "--rules"), (args.dashboard, "--dashboard")) if path is not None]
+    if not outputs:
+        raise DflashError("nothing to write", "none of --scrape-config, --rules, --dashboard was given",
+                          "pass --scrape-config FILE, --rules FILE and/or --dashboard FILE", USAGE)
+    paths = [os.path.realpath(p) if p is not None else output.STDOUT for p, _ in outputs]
+    if len(set(paths)) < len(paths):
+        raise DflashError("two outputs name one file", ", ".join(f for _, f in outputs),
+                          "give each output its own file", USAGE)
+    min_accept = name_values(args.min_accept_length, "--min-accept-length", accept_length, "qwen3=3.5")
+    alert_for = name_values(args.alert_for, "--alert-for", str, "DflashAcceptanceLow=30m")
     cfgs = rollout_plan.load_instances(args.instance)
     rcfg = router_settings(args.router, args.no_router)
-    if args.scrape_interval is not None and args.scrape_interval < 1:
-        raise DflashError(f"--scrape-interval {args.scrape_interval} is out of range", "it must be at least 1",
-                          "leave it out for the default", CONFIG)
-    min_accept = name_values(args.min_accept_length, "--min-accept-length", float)
-    alert_for = name_values(args.alert_for, "--alert-for", str)
-    unknown = sorted(set(min_accept) - {c.name for c in cfgs})
-    if unknown:
-        raise DflashError(f"--min-accept-length names no instance: {', '.join(unknown)}",
-                          f"the instances are {', '.join(sorted(c.name for c in cfgs))}", "use one of them", CONFIG)
+    unknown_instances(min_accept, cfgs, "--min-accept-length")
+    texts = {}
+    if args.scrape_config:
+        frag = {"scrape_configs": scrape_configs(cfgs, rcfg, args.gpu_exporter, args.scrape_interval)}
+        texts["--scrape-config"] = (json.dumps(frag, indent=2) + "\n",
+                                    "merge its scrape_configs into prometheus.yml")
+    if args.rules:
+        rules = rule_file(cfgs, drafter_block_sizes(cfgs), min_accept, args.ttft_p99, alert_for)
+        texts["--rules"] = (json.dumps(rules, indent=2) + "\n",
+                            "list it under rule_files in prometheus.yml (`promtool check rules` reads it)")
+    if args.dashboard:
+        texts["--dashboard"] = (json.dumps(dashboard(), indent=2) + "\n",
+                                "import it in Grafana (Dashboards > New > Import), or provision it")
     off = sorted(c.name for c in cfgs if not c.enable_metrics)
     if off:
         print(f"dflashctl monitoring: not scraped (enableMetrics is false): {', '.join(off)}", file=sys.stderr)
-    written = []
-    if args.scrape_config:
-        frag = {"scrape_configs": scrape_configs(cfgs, rcfg, args.gpu_exporter, args.scrape_interval)}
-        lockfile.write_atomic(args.scrape_config, json.dumps(frag, indent=2) + "\n")
-        written.append(f"{args.scrape_config}: merge its scrape_configs into prometheus.yml")
-    if args.rules:
-        rules = rule_file(cfgs, drafter_block_sizes(cfgs), min_accept, args.ttft_p99, alert_for)
-        lockfile.write_atomic(args.rules, json.dumps(rules, indent=2) + "\n")
-        written.append(f"{args.rules}: list it under rule_files in prometheus.yml (`promtool check rules` reads it)")
-    if args.dashboard:
-        lockfile.write_atomic(args.dashboard, json.dumps(dashboard(), indent=2) + "\n")
-        written.append(f"{args.dashboard}: import it in Grafana (Dashboards > New > Import), or provision it")
-    for line in written:
-        print(line, file=sys.stderr)
+    by_flag = {"--scrape-config": args.scrape_config, "--rules": args.rules, "--dashboard": args.dashboard}
+    to_files = [(by_flag[f], texts[f][0], f) for f in texts if by_flag[f] != output.STDOUT]
+    output.write_all(to_files)
+    for f in texts:
+        if by_flag[f] == output.STDOUT:
+            output.emit(texts[f][0])
+        else:
+            print(f"{by_flag[f]}: {texts[f][1]}", file=sys.stderr)
     return 0

@@ -11,13 +11,13 @@ the instance that failed stays out of the router with its reason (in the state d
 instance_control.py restarts (systemd or `--restart-command`), router_admin.py talks to the router.
 """
 
-import json
 import os
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from dflashctl import cli_help, output
 from dflashctl.errors import CONFIG, OK, ROLLOUT_STOPPED, DflashError
 from dflashctl.service import canary, rollout_plan, rollout_state, sdnotify, unit_text
 from dflashctl.service.canary import Answers
@@ -373,11 +373,13 @@ class Rollout:
     # --- the loop ----------------------------------------------------------------------------------
     def run(self, api_key_of) -> tuple[str, StepFailed | None]:
         """('done' | 'failed' | 'interrupted', the failure)."""
-        if self.admin is not None:
-            self.in_rotation()
-        else:
-            say("no router: each instance's own port is down while it restarts")
         targets = self.plan.targets
+        if not targets:
+            say("nothing to restart: every instance runs its unit's current definition")
+            self.save("done", [])
+            return "done", None
+        if self.admin is None:
+            say("no router: each instance's own port is down while it restarts")
         for i in range(0, len(targets), self.plan.batch):
             batch = targets[i:i + self.plan.batch]
             if self.stopping:
@@ -455,7 +457,7 @@ class Rollout:
 # --- the command -------------------------------------------------------------------------------------
 def register(subparsers) -> None:
     p = subparsers.add_parser("rollout", help="restart this host's instances one at a time behind the router",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("rollout", __doc__))
     p.add_argument("--instance", action="append", default=[], metavar="FILE",
                    help=f"an instance's settings, or the module's dflash-instances.json (repeat; default: "
                         f"every {rollout_plan.SETTINGS_GLOB})")
@@ -580,8 +582,8 @@ def report_plan(plan: Plan, rcfg, as_json: bool) -> int:
     rows = [{"name": t.name, "unit": t.unit, "url": t.cfg.base_url, "action": "restart", "why": t.why}
             for t in plan.targets] + [{"name": n, "action": "leave", "why": why} for n, why in plan.up_to_date]
     if as_json:
-        print(json.dumps({"ok": True, "dry_run": True, "batch": plan.batch,
-                          "router": rcfg.url if rcfg else None, "instances": rows}, indent=2))
+        output.print_json({"ok": True, "dry_run": True, "batch": plan.batch,
+                           "router": rcfg.url if rcfg else None, "instances": rows})
         return OK
     print(f"rollout plan (batch {plan.batch}, router {rcfg.url if rcfg else 'none'}):")
     for r in rows:
@@ -607,7 +609,7 @@ def report(rollout: Rollout, status: str, failure: StepFailed | None, seconds: f
     if failure is not None:
         out["error"] = {"what": failure.what, "fix": failure.fix}
     if as_json:
-        print(json.dumps(out, indent=2))
+        output.print_json(out)  # the one JSON object, also when the rollout stopped (cli.main adds none)
     else:
         print(f"{'instance':16} {'outcome':12} {'out of rotation':>15} {'restart to ready':>16} "
               f"{'back in':>8}  canary")

@@ -13,8 +13,8 @@ import os
 import time
 from pathlib import Path
 
+from dflashctl import output
 from dflashctl.errors import CONFIG, ROLLOUT_BUSY, DflashError
-from dflashctl.lock.lockfile import write_atomic
 
 STATE_VERSION = 1
 
@@ -79,9 +79,6 @@ class RolloutLock:
         return data if isinstance(data, dict) and data.get("version") == STATE_VERSION else {}
 
     def write(self, state: dict) -> None:
-        try:
-            write_atomic(self.state_path, json.dumps({**state, "version": STATE_VERSION,
-                                                      "updated": time.time()}, indent=2) + "\n")
-        except OSError as e:
-            raise DflashError(f"cannot write the rollout state {self.state_path}", e.strerror or str(e),
-                              "free space on that file system, or pass --state-dir another directory") from None
+        # whole or not at all; a full disk is one error naming the file (output.write)
+        output.write(self.state_path, json.dumps({**state, "version": STATE_VERSION, "updated": time.time()},
+                                                 indent=2) + "\n", "the rollout state")

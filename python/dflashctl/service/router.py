@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from dflashctl import cli_help
 from dflashctl.errors import CONFIG, DflashError
 from dflashctl.service import config, unit_text
 from dflashctl.service.router_admin import RouterAdmin
@@ -236,12 +237,13 @@ def sync(cfg: RouterConfig, admin_key: str | None) -> tuple[list[str], list[str]
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("router", help="run SGLang's router in front of this host's instances",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("router", __doc__))
     p.add_argument("--config", required=True, metavar="FILE", help="the router settings JSON")
     p.add_argument("--python", default=sys.executable, metavar="PATH",
                    help="the router environment's interpreter (nix/router-lock.json; default: this one)")
-    p.add_argument("--dry-run", action="store_true", help="print the router's argv (keys masked) and exit")
-    p.add_argument("--sync", action="store_true",
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the router's argv (keys masked) and exit")
+    mode.add_argument("--sync", action="store_true",
                    help="make the running router's workers the settings' ones, without a restart "
                         "(the unit's ExecReload: `systemctl reload dflash-router`)")
     p.set_defaults(func=run)

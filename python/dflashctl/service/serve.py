@@ -17,11 +17,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dflashctl import cli_help, inputs, output
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
                               SERVER_DIED_AFTER_READY, DflashError)
 from dflashctl.host import cuda_home, driver, gpus, hub_cache, kernels
 from dflashctl.lock import locate
-from dflashctl.service import config, gpu_claim, model_check, sdnotify, sglang_args
+from dflashctl.service import config, gpu_claim, model_check, sdnotify, sglang_args, unit_text
 from dflashctl.service.server import Server, _describe, _indent
 from dflashctl.service.stall import GpuMemory
 from dflashctl.service.validate import warnings_for
@@ -49,16 +50,27 @@ def say(text: str) -> None:
 def read_credential(name: str, fallback: str, label: str, option: str, env: dict[str, str]) -> str:
     """A secret from systemd's credentials directory, or from its file when run by hand."""
     cred_dir = env.get("CREDENTIALS_DIRECTORY")
-    path = Path(cred_dir, name) if cred_dir and Path(cred_dir, name).exists() else Path(fallback)
+    from_systemd = bool(cred_dir) and Path(cred_dir, name).exists()
+    path = Path(cred_dir, name) if from_systemd else Path(fallback)
     try:
-        secret = path.read_text().strip()
-    except OSError as e:
-        raise DflashError(f"cannot read {label} {path}", e.strerror or str(e),
-                          f"create {option} (readable by root; systemd hands it to the service)", CONFIG)
+        secret = inputs.read_text(path, "secret file", f"create {option} {fallback} (readable by root; "
+                                  "systemd hands it to the service)", CONFIG, SECRET_LIMIT).strip()
+    except DflashError as e:
+        raise DflashError(e.what.replace("cannot read ", f"cannot read {label} ", 1), e.why, e.fix, CONFIG) from None
+    if from_systemd and secret == unit_text.unit_data()["credentialFallback"]:
+        # The unit's SetCredential= fallback: systemd could not read the file (unit.credentials).
+        raise DflashError(f"systemd could not read {option} {fallback} for {label}",
+                          "it is missing, or unreadable by root, on this host (LoadCredential= fell back "
+                          "to the unit's SetCredential=)",
+                          f"create {fallback} (one line, the secret; owned by root, mode 0600), then "
+                          "`systemctl restart` the unit", CONFIG)
     if not secret or any(c.isspace() for c in secret):
         raise DflashError(f"{label} in {path} is empty or contains whitespace", "",
                           "write the secret as one line of printable characters", CONFIG)
     return secret
+
+
+SECRET_LIMIT = 64 << 10  # an API key or a hub token is a line
 
 
 def read_api_key(cfg: config.InstanceConfig, env: dict[str, str]) -> str | None:
@@ -199,8 +211,9 @@ def default_log_path(cfg: config.InstanceConfig, env: dict[str, str]) -> Path:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="run one SGLang instance, ready only when it decodes",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("serve", __doc__))
     p.add_argument("--config", required=True, metavar="FILE", help="the instance's settings JSON")
+    p.add_argument("--name", help='the instance to run from a file of {"instances": {...}}')
     p.add_argument("--python", default=sys.executable, metavar="PATH",
                    help="interpreter with the stack (default: the one running dflashctl)")
     p.add_argument("--skip-preflight", action="store_true",
@@ -241,7 +254,8 @@ def failure_status(e: DflashError) -> str:
 
 def _run(args) -> int:
     env = dict(os.environ)
-    cfg = config.load(args.config)
+    output.check(args.log_file, "--log-file")
+    cfg = config.load(args.config, args.name)
     for w in warnings_for(cfg):
         say(f"warning: {w}")
     if args.dry_run:

@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from dflashctl.errors import CONFIG, FAILED, OK, DflashError
+from dflashctl import cli_help, output
+from dflashctl.errors import CONFIG, FAILED, OK, USAGE, DflashError
 from dflashctl.service import monitoring, rollout_plan, router, status_collect, unit, unit_text
 from dflashctl.service.status_collect import InstanceSample, RouterSample, Sample
 
@@ -318,7 +319,7 @@ def thresholds(cfgs, given: dict[str, float]) -> dict[str, float | None]:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("status", help="every instance and the router of this host: state, load, acceptance",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("status", __doc__))
     p.add_argument("--instance", action="append", default=[], metavar="FILE",
                    help=f"an instance's settings or the module's dflash-instances.json (repeat; default: every "
                         f"{rollout_plan.SETTINGS_GLOB} and {MODULE_SETTINGS})")
@@ -327,21 +328,29 @@ def register(subparsers) -> None:
     p.add_argument("--no-router", action="store_true", help="leave the router out")
     p.add_argument("--no-systemd", action="store_true", help="do not ask systemd (unit state, journal)")
     p.add_argument("--json", action="store_true", help="the report as JSON (docs/status.schema.json)")
-    p.add_argument("--window", type=float, default=2.0, metavar="SEC",
+    p.add_argument("--window", type=_seconds_or_zero, default=2.0, metavar="SEC",
                    help="seconds between the two samples rates come from (2; 0: one sample, no rates)")
-    p.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="SEC",
-                   help="refresh every SEC seconds (2), in place on a terminal; rates over the last minute")
-    p.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N refreshes")
+    p.add_argument("--watch", nargs="?", type=cli_help.positive_float, const=2.0, metavar="SEC",
+                   help="refresh every SEC seconds (2), in place on a terminal (--json: one object a line); "
+                        "rates over the last minute")
+    p.add_argument("--count", type=cli_help.positive_int, metavar="N", help="with --watch: stop after N refreshes")
     p.add_argument("--min-accept-length", action="append", default=[], metavar="NAME=X",
                    help="NAME is unhealthy below this acceptance length while decoding (default: the alert's)")
     p.set_defaults(func=run)
 
 
+def _seconds_or_zero(text: str) -> float:
+    return 0.0 if text.strip() in ("0", "0.0") else cli_help.positive_float(text)
+
+
 def run(args) -> int:
-    if args.window < 0 or (args.watch is not None and args.watch <= 0) or (args.count is not None and args.count < 1):
-        raise DflashError("--window, --watch or --count is out of range", "window >= 0, watch > 0, count >= 1",
-                          "leave them out for the defaults", CONFIG)
+    if args.count is not None and args.watch is None:
+        raise DflashError("--count without --watch", "it counts the refreshes of --watch",
+                          "add --watch, or leave --count out", USAGE)
+    given = monitoring.name_values(args.min_accept_length, "--min-accept-length", monitoring.accept_length,
+                                   "qwen3=3.5")
     cfgs = rollout_plan.load_instances(instance_files(args.instance))
+    monitoring.unknown_instances(given, cfgs, "--min-accept-length")
     rcfg = monitoring.router_settings(args.router, args.no_router)
     admin_key, key_problem = None, None
     if rcfg is not None and rcfg.admin_api_key_file:
@@ -349,7 +358,7 @@ def run(args) -> int:
             _, admin_key = router.read_keys(rcfg, {})
         except DflashError as e:
             key_problem = f"{e.what} ({e.why}): run as root to list the workers"
-    floors = thresholds(cfgs, monitoring.name_values(args.min_accept_length, "--min-accept-length", float))
+    floors = thresholds(cfgs, given)
     no_router = "--no-router" if args.no_router else None
 
     def collect() -> Sample:
@@ -361,7 +370,10 @@ def run(args) -> int:
             time.sleep(args.window)
             samples.append(collect())
         rep = report(samples, floors, no_router)
-        print(json.dumps(rep, indent=2) if args.json else render(rep, color=sys.stdout.isatty()))
+        if args.json:
+            output.print_json(rep)
+        else:
+            output.emit(render(rep, color=sys.stdout.isatty()) + "\n")
         return rep["exit_code"]
     return watch(args, collect, floors, no_router)
 
@@ -380,13 +392,12 @@ def watch(args, collect, floors, no_router: str | None) -> int:
             rep = report(history, floors, no_router)
             code = rep["exit_code"]
             if args.json:
-                print(json.dumps(rep), flush=True)
+                output.emit(json.dumps(rep) + "\n")
             elif tty:
-                sys.stdout.write("\x1b[H\x1b[2J" + render(rep, color=True) +
-                                 f"\n\nevery {args.watch:g} s, rates over {rep['window_s']:g} s; Ctrl-C to quit")
-                sys.stdout.flush()
+                output.emit("\x1b[H\x1b[2J" + render(rep, color=True) +
+                            f"\n\nevery {args.watch:g} s, rates over {rep['window_s']:g} s; Ctrl-C to quit")
             else:
-                print(f"== {rep['time']}\n{render(rep)}\n", flush=True)
+                output.emit(f"== {rep['time']}\n{render(rep)}\n\n")
             shown += 1
             if args.count is not None and shown >= args.count:
                 break

@@ -8,16 +8,17 @@ instance live in config.py; the rules across instances and against the installed
 """
 
 import ipaddress
-import json
 import sys
 from itertools import combinations
 
+from dflashctl import cli_help, output
 from dflashctl.errors import CONFIG, OK, DflashError
 from dflashctl.host import hub_cache
 from dflashctl.service import config, model_check, sglang_args, sglang_features, unit_text
 from dflashctl.service.config import InstanceConfig
 
 WILDCARD_HOSTS = tuple(unit_text.warning_texts()["wildcardHosts"])
+PACKAGE_PREFIX = "package: "  # errors about the package's SGLang, not the settings
 
 
 def warnings_for(cfg: InstanceConfig) -> list[str]:
@@ -106,7 +107,7 @@ def package_rules(cfgs: list[InstanceConfig], python: str) -> list[str]:
         return []
     found = sglang_features.probe(python)
     if not found.get("found"):
-        return [f"package: {python} has no sglang, but instances use speculative decoding"]
+        return [f"{PACKAGE_PREFIX}{python} has no sglang, but instances use speculative decoding"]
     have = set(found.get("choices") or ())
     if not have:
         return []  # the source changed shape; preflight checks the algorithm again at start
@@ -158,7 +159,7 @@ def model_rules(cfgs: list[InstanceConfig], settings_path: str) -> tuple[list, l
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("validate", help="check instance settings against every rule",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("validate", __doc__))
     p.add_argument("file", help='one instance\'s JSON, or {"instances": {...}}')
     p.add_argument("--python", metavar="PATH",
                    help="the stack's interpreter: also check its SGLang offers each algorithm")
@@ -169,6 +170,18 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def fix_for(errors: list[str]) -> str:
+    """The fix of a failed validation: the settings' problems, the package's, or both."""
+    package = [e for e in errors if e.startswith(PACKAGE_PREFIX) or "package's SGLang" in e]
+    fixes = []
+    if len(package) < len(errors):
+        fixes.append("correct the settings above (docs/service.md lists every option)")
+    if package:
+        fixes.append("pass --python the stack's interpreter, the one with SGLang (e.g. /opt/dflash/bin/python, "
+                     "or the Nix package's bin/python), or follow the hint above")
+    return "; ".join(fixes)
+
+
 def run(args) -> int:
     data = config.read_json(args.file)
     errors, warnings, cfgs = check(data, args.python)
@@ -177,20 +190,23 @@ def run(args) -> int:
         model_failures, model_warnings = model_rules(cfgs, args.file)
         errors += [f"instance {name!r}: {line}" for name, _, line in model_failures]
         warnings += model_warnings
-    if args.json:
-        print(json.dumps({"ok": not errors, "instances": [c.name for c in cfgs],
-                          "errors": errors, "warnings": warnings}, indent=2))
+    result = {"ok": not errors, "instances": [c.name for c in cfgs], "errors": errors, "warnings": warnings}
     for w in warnings:
         print(f"dflashctl validate: warning: {w}", file=sys.stderr)
     if model_failures:  # the settings are valid (else the models were not read): only these
-        raise DflashError(f"{args.file}: the models do not fit",
-                          f"{len(errors)} problem(s), before any weights load\n  - " + "\n  - ".join(errors),
-                          "apply each fix above (docs/service.md, 'The model pair')",
-                          model_failures[0][1].exit_code)
+        e = DflashError(f"{args.file}: the models do not fit",
+                        f"{len(errors)} problem(s), before any weights load\n  - " + "\n  - ".join(errors),
+                        "apply each fix above (docs/service.md, 'The model pair')",
+                        model_failures[0][1].exit_code)
+        e.result = result
+        raise e
     if errors:
-        raise DflashError(f"{args.file} is invalid",
-                          f"{len(errors)} problem(s)\n  - " + "\n  - ".join(errors),
-                          "correct the settings above (docs/service.md lists every option)", CONFIG)
-    if not args.json:
+        e = DflashError(f"{args.file} is invalid", f"{len(errors)} problem(s)\n  - " + "\n  - ".join(errors),
+                        fix_for(errors), CONFIG)
+        e.result = result  # --json: the error object carries the problems (output.error_object)
+        raise e
+    if args.json:
+        output.print_json(result)
+    else:
         print(f"{args.file}: {len(cfgs)} instance(s) valid: {', '.join(c.name for c in cfgs)}")
     return OK
