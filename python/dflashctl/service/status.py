@@ -224,7 +224,7 @@ def _gpu_cell(gpus: list[dict]) -> str:
         if g["memory_total_mib"] is None:
             cells.append(f"{g['index']}: ?")
             continue
-        health = {"ok": "ok", "fault": "FAULT", "unknown": "health ?"}[g["health"]]
+        health = {"ok": "ok", "warn": "warn", "fault": "FAULT", "unknown": "health ?"}[g["health"]]
         cells.append(f"{g['index']}: {g['memory_used_mib'] / 1024:.1f}/{g['memory_total_mib'] / 1024:.0f} GiB {health}")
     return ", ".join(cells)
 

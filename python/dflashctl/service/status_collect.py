@@ -43,11 +43,21 @@ def systemd_here() -> str | None:
 
 
 def gpu_health(gpu: dict) -> dict:
-    """HOOK for GPU health findings (issue 31 adds them in host/: ECC, row remapping, XID events,
-    clock-event reasons, a lost GPU). Until this dflashctl has them, a GPU's health is unknown and
-    only its memory is shown. Returns {"state": "ok" | "fault" | "unknown", "detail": str}; "fault"
-    makes the instance on it unhealthy."""
-    return {"state": "unknown", "detail": "GPU health is not read by this dflashctl (memory only)"}
+    """HOOK for GPU health findings: {"state": "ok" | "warn" | "fault" | "unknown", "detail": str};
+    "fault" makes the instance on the GPU unhealthy. Issue 31 adds the findings in host/ (ECC, row
+    remapping, XID, clock-event reasons, a lost GPU: `host/gpu_health.assess_gpu(gpu)`, judging the
+    NVML facts host/gpus.py's reader returns); where this dflashctl has them they decide, else the
+    health is unknown and only the memory is shown."""
+    try:
+        from dflashctl.host import gpu_health as findings
+    except ImportError:
+        findings = None
+    assess = getattr(findings, "assess_gpu", None)
+    if assess is None:
+        return {"state": "unknown", "detail": "GPU health is not read by this dflashctl (memory only)"}
+    h = assess(gpu)
+    detail = h.summary() + (f"; fix: {h.fix()}" if h.fix() else "")
+    return {"state": {"ok": "ok", "warn": "warn", "fail": "fault"}.get(h.status, "unknown"), "detail": detail}
 
 
 @dataclass
