@@ -5,8 +5,8 @@ tests/data/metrics/h200/instance-metrics.txt is a DFLASH instance's /metrics rec
 label sets (the recorded model path replaced by this stand-in's model). The families a test looks
 at move with the stand-in's own requests: requests, prompt and generation tokens, time to first
 token, end-to-end latency, token-count histograms, running requests, token usage and generation
-throughput; the speculative acceptance length is a gauge a test sets (`accept_length_file`: a file
-holding a number, read at each scrape) and the acceptance rate follows it. One family is not in
+throughput; the speculative acceptance length is a gauge a test sets (the stand-in reads it from
+STANDIN_ACCEPT_LENGTH_FILE at each scrape) and the acceptance rate follows it. One family is not in
 the recording, because it is observed only for streamed requests: `sglang:inter_token_latency_seconds`,
 named and bucketed as in SGLang 0.5.11's source (observability/metrics_collector.py); its HELP text
 is SGLang's too. As in SGLang, a non-streamed request's first token is its last (time to first
@@ -83,17 +83,6 @@ def _buckets(family: dict) -> list[float]:
     return bounds
 
 
-def accept_length(path: str | None) -> float:
-    """The number in `path` (a test lowers it there), else the recording's 15.75 (the oracle drafter,
-    block 16)."""
-    if path:
-        try:
-            return float(Path(path).read_text().strip())
-        except (OSError, ValueError):
-            pass
-    return 15.75
-
-
 def _num(v: float) -> str:
     return "+Inf" if v == math.inf else repr(float(v))
 
@@ -122,11 +111,12 @@ class Histogram:
 
 
 class Registry:
-    def __init__(self, model: str, speculative: bool, block_size: int, accept_length_file: str | None):
+    def __init__(self, model: str, speculative: bool, block_size: int, accept_length):
         escaped = model.replace("\\", "\\\\").replace('"', '\\"')
         self.families = _families(RECORDING.read_text().replace(RECORDED_MODEL, escaped))
         self.by_name = {f["name"]: f for f in self.families}
-        self.speculative, self.block_size, self.accept_file = speculative, block_size, accept_length_file
+        self.speculative, self.block_size = speculative, block_size
+        self.read_accept_length = accept_length  # the stand-in's own rule (its file, else 15.75)
         self.lock = threading.Lock()
         self.requests = self.prompt_tokens = self.generation_tokens = 0
         self.running, self.used_tokens = 0, 0
@@ -170,7 +160,7 @@ class Registry:
             self.hist["sglang:prompt_tokens_histogram"].observe(float(n_in))
 
     def accept_length(self) -> float:
-        return accept_length(self.accept_file) if self.speculative else 0.0
+        return self.read_accept_length() if self.speculative else 0.0
 
     def throughput(self) -> float:
         now = time.monotonic()

@@ -43,8 +43,6 @@ import sys
 import threading
 import time
 
-import standin_metrics  # beside this file (the script's directory is first on sys.path)
-
 mode = os.environ.get("STANDIN_MODE", "healthy")
 ready_after = float(os.environ.get("STANDIN_READY_AFTER", "0.5"))
 die_after = float(os.environ.get("STANDIN_DIE_AFTER", "0.3"))
@@ -81,14 +79,24 @@ counter = iter(range(1, 1 << 62))
 diverge_from = int(os.environ.get("STANDIN_DIVERGE_FROM", "-1"))
 ALGORITHM = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--speculative-algorithm"), None)
 BLOCK = int(next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--speculative-num-draft-tokens"), "16"))
-metrics = (standin_metrics.Registry(MODEL, ALGORITHM is not None, BLOCK, os.environ.get("STANDIN_ACCEPT_LENGTH_FILE"))
-           if "--enable-metrics" in args else None)
 
 
 def accept_length() -> float | None:
+    """The number in STANDIN_ACCEPT_LENGTH_FILE (a test lowers it there), else the recording's 15.75
+    (the oracle drafter, block 16); None without --speculative-algorithm."""
     if ALGORITHM is None:
         return None
-    return standin_metrics.accept_length(os.environ.get("STANDIN_ACCEPT_LENGTH_FILE"))
+    try:
+        return float(open(os.environ["STANDIN_ACCEPT_LENGTH_FILE"]).read().strip())
+    except (KeyError, OSError, ValueError):
+        return 15.75
+
+
+if "--enable-metrics" in args:  # only then: standin_metrics.py and its recording are beside this file
+    import standin_metrics
+    metrics = standin_metrics.Registry(MODEL, ALGORITHM is not None, BLOCK, accept_length)
+else:
+    metrics = None
 in_flight = 0
 in_flight_lock = threading.Lock()
 
