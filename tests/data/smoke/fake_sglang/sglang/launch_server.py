@@ -6,8 +6,9 @@ SGLang 0.5.11: cumulative `output_ids`, `meta_info` on every chunk, the speculat
 last one, then `data: [DONE]`. Constrained requests (a regex, ebnf, json_schema or structural_tag in
 sampling_params, and POST /v1/chat/completions) are answered from the recording's "grammar" list,
 matched on path and body (the model name aside), with the recorded status and JSON. /server_info
-reports skip_tokenizer_init, grammar_backend and constrained_json_disable_any_whitespace as this
-process was started, so tests see the flags smoke passed.
+reports skip_tokenizer_init, grammar_backend, constrained_json_disable_any_whitespace and, where
+given, max_running_requests and cuda_graph_bs as this process was started, so tests see the flags
+smoke passed. An unstreamed /generate (`"stream": false`) gets the last chunk alone, as SGLang answers.
 
 FAKE_SGLANG_DIE=start        exit 1 while "loading" (after FAKE_SGLANG_DIE_AFTER s), an error in the log
 FAKE_SGLANG_DIE=generate:N   on the N-th /generate, after its first chunk: the server process exits
@@ -18,6 +19,8 @@ FAKE_SGLANG_READY_AFTER=S    /health_generate answers 503 for S seconds (default
                              FAKE_SGLANG_READY_AFTER_<RUN> for one run
 FAKE_SGLANG_HELPER_PIDFILE   where the forked helper writes its pid (tests check it is gone)
 FAKE_SGLANG_API_KEY=KEY      answer 401 unless `Authorization: Bearer KEY` (as --api-key does)
+FAKE_SGLANG_DIVERGE_AFTER=N[@RUN]  every /generate after the N-th answers its last token one higher
+                             (a server that goes wrong only under a later, heavier load)
 
 It logs SGLang's own start-up markers (with milliseconds under SGLANG_LOG_MS=1, as SGLang does),
 spread over the FAKE_SGLANG_READY_AFTER seconds, so smoke's start-up phases have lines to read.
@@ -40,6 +43,8 @@ p.add_argument("--speculative-algorithm")
 p.add_argument("--skip-tokenizer-init", action="store_true")
 p.add_argument("--grammar-backend")
 p.add_argument("--constrained-json-disable-any-whitespace", action="store_true")
+p.add_argument("--max-running-requests", type=int)
+p.add_argument("--cuda-graph-bs", type=int, nargs="+")
 args, _unknown = p.parse_known_args()
 
 # smoke names each server's run in its environment (DFLASH and DFLASH-poisoned share an algorithm)
@@ -58,9 +63,14 @@ GRAMMAR = {grammar_key(g["request"]["path"], g["request"]["body"]): g for g in R
 SERVER_INFO = {**REC["server_info"], "skip_tokenizer_init": args.skip_tokenizer_init,
                "grammar_backend": args.grammar_backend,
                "constrained_json_disable_any_whitespace": args.constrained_json_disable_any_whitespace}
+for key in ("max_running_requests", "cuda_graph_bs"):
+    if getattr(args, key) is not None:
+        SERVER_INFO[key] = getattr(args, key)
 DIE, _, DIE_RUN = os.environ.get("FAKE_SGLANG_DIE", "").partition("@")
 if DIE_RUN and DIE_RUN != run:
     DIE = ""
+DIVERGE_AFTER, _, DIVERGE_RUN = os.environ.get("FAKE_SGLANG_DIVERGE_AFTER", "").partition("@")
+DIVERGE_AFTER = int(DIVERGE_AFTER) if DIVERGE_AFTER and DIVERGE_RUN in ("", run) else None
 READY_AT = time.monotonic() + float(os.environ.get(f"FAKE_SGLANG_READY_AFTER_{run}",
                                                    os.environ.get("FAKE_SGLANG_READY_AFTER", "0.3")))
 generate_count = 0
@@ -114,6 +124,7 @@ def start_up_lines():
 
 log(f"server_args: {' '.join(sys.argv[1:])}")
 log(f"TRITON_CACHE_DIR={os.environ.get('TRITON_CACHE_DIR', '')}")
+log(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
 API_KEY = os.environ.get("FAKE_SGLANG_API_KEY")
 if DIE == "start":
     time.sleep(float(os.environ.get("FAKE_SGLANG_DIE_AFTER", "0")))
@@ -194,6 +205,11 @@ class Handler(BaseHTTPRequestHandler):
         with count_lock:
             generate_count += 1
             n = generate_count
+        if DIVERGE_AFTER is not None and n > DIVERGE_AFTER:
+            rec = json.loads(json.dumps(rec))
+            rec["final"]["output_ids"][-1] += 1
+        if not req.get("stream"):  # SGLang's answer to an unstreamed request: the last chunk alone
+            return self._json(rec["final"])
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -232,6 +248,7 @@ def _die():
     os._exit(1)
 
 
+ThreadingHTTPServer.request_queue_size = 2048  # uvicorn's backlog: a burst of connections is queued, not reset
 server = ThreadingHTTPServer((args.host, args.port), Handler)
 server.daemon_threads = True
 log(f"Uvicorn running on http://{args.host}:{args.port}")
