@@ -19,6 +19,7 @@ import pytest
 from conftest import REPO
 from dflashctl.service.metrics_text import Metrics, ParseError, parse
 from dflashctl.smoke import schema
+from nvml_scenario import Scenario, build_fake_nvml
 from router_harness import ENV, STANDIN, free_port, request
 
 RECORDED = REPO / "tests" / "data" / "metrics" / "h200"
@@ -50,9 +51,9 @@ def test_the_text_format_edges():
             parse(bad)
 
 
-def status(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def status(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dflashctl", "status", *args], capture_output=True, text=True,
-                          env=ENV, timeout=timeout)
+                          env=dict(ENV, **(env or {})), timeout=timeout)
 
 
 def settings(tmp_path: Path, name: str, **extra) -> Path:
@@ -142,3 +143,39 @@ def test_watch_on_a_terminal_redraws_in_place_and_gives_the_terminal_back(standi
     assert text.count("\x1b[H\x1b[2J") == 2 and "Ctrl-C to quit" in text
     assert text.endswith("\x1b[?25h\x1b[?1049l")  # and the terminal as it was
     assert "\x1b[32m" in text  # the healthy row in green
+
+
+def test_gpu_health_is_judged_as_doctor_and_preflight_judge_it(standin, tmp_path):
+    """The stand-in libnvidia-ml (tests/nvml_scenario.py: the H200's recorded figures) behind one
+    instance on GPUs 0 and 1: healthy, both rows ok and the exit 0; GPU 1 with a row remap pending,
+    its cell FAULT and the instance unhealthy with assess's finding and fix; GPU 1 lost, named lost."""
+    nvml = build_fake_nvml(tmp_path / "nvml")
+    settings_file = tmp_path / "two.json"
+    settings_file.write_text(json.dumps(dict(json.loads(standin.read_text()), gpus=[0, 1])))
+    args = ("--json", "--window", "0", "--no-router", "--no-systemd", "--instance", str(settings_file))
+
+    def run(s: Scenario) -> tuple[int, dict]:
+        done = status(*args, env={"LD_LIBRARY_PATH": str(nvml), "FAKE_NVML_SCENARIO": str(s.path)})
+        rep = json.loads(done.stdout)
+        assert schema.problems(rep, SCHEMA) == [] and rep["nvml_missing"] is None, (done.stderr, rep)
+        return done.returncode, rep
+
+    code, rep = run(Scenario(tmp_path / "healthy.nvml", gpus=2))
+    [row] = rep["instances"]
+    assert code == 0 and [(g["index"], g["name"], g["health"]) for g in row["gpus"]] == \
+        [(0, "NVIDIA H200", "ok"), (1, "NVIDIA H200", "ok")]
+    assert row["gpus"][0]["memory_total_mib"] == 143771 and "no row remap pending" in row["gpus"][0]["health_detail"]
+
+    code, rep = run(Scenario(tmp_path / "remap.nvml", gpus=2).set("1.remapped_rows.pending", 1))
+    [row] = rep["instances"]
+    assert code == 1 and [g["health"] for g in row["gpus"]] == ["ok", "fault"]
+    [problem] = row["problems"]
+    assert problem.startswith("GPU 1: GPU 1 (NVIDIA H200") and "a row remap is pending" in problem
+    assert "fix: with nothing running on it, `nvidia-smi -r -i 1`" in problem
+
+    code, rep = run(Scenario(tmp_path / "lost.nvml", gpus=2).set("1.lost", 1))
+    [row] = rep["instances"]
+    assert code == 1 and row["gpus"][1]["health"] == "fault" and row["gpus"][1]["memory_total_mib"] is None
+    assert "NVML has lost this GPU" in row["problems"][0]
+    text = status(*args[1:], env={"LD_LIBRARY_PATH": str(nvml), "FAKE_NVML_SCENARIO": str(tmp_path / "lost.nvml")})
+    assert text.returncode == 1 and "0: " in text.stdout and "1: ? FAULT" in text.stdout and "NVML has lost" in text.stdout

@@ -221,10 +221,10 @@ def _gpu_cell(gpus: list[dict]) -> str:
         return "?"
     cells = []
     for g in gpus:
-        if g["memory_total_mib"] is None:
-            cells.append(f"{g['index']}: ?")
+        health = {"ok": "ok", "warn": "warn", "fault": "FAULT"}[g["health"]]
+        if g["memory_total_mib"] is None:  # lost, or not counted: no memory to show, the verdict still
+            cells.append(f"{g['index']}: ? {health}")
             continue
-        health = {"ok": "ok", "warn": "warn", "fault": "FAULT", "unknown": "health ?"}[g["health"]]
         cells.append(f"{g['index']}: {g['memory_used_mib'] / 1024:.1f}/{g['memory_total_mib'] / 1024:.0f} GiB {health}")
     return ", ".join(cells)
 

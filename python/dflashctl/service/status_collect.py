@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from dflashctl.errors import DflashError
-from dflashctl.host import driver, gpus, hub_cache
+from dflashctl.host import driver, gpu_health, gpus, hub_cache
 from dflashctl.service import canary, monitoring, serve, sglang_args, unit
 from dflashctl.service.config import InstanceConfig
 from dflashctl.service.instance_control import Systemd, UnitState
@@ -42,22 +42,7 @@ def systemd_here() -> str | None:
     return None
 
 
-def gpu_health(gpu: dict) -> dict:
-    """HOOK for GPU health findings: {"state": "ok" | "warn" | "fault" | "unknown", "detail": str};
-    "fault" makes the instance on the GPU unhealthy. Issue 31 adds the findings in host/ (ECC, row
-    remapping, XID, clock-event reasons, a lost GPU: `host/gpu_health.assess_gpu(gpu)`, judging the
-    NVML facts host/gpus.py's reader returns); where this dflashctl has them they decide, else the
-    health is unknown and only the memory is shown."""
-    try:
-        from dflashctl.host import gpu_health as findings
-    except ImportError:
-        findings = None
-    assess = getattr(findings, "assess_gpu", None)
-    if assess is None:
-        return {"state": "unknown", "detail": "GPU health is not read by this dflashctl (memory only)"}
-    h = assess(gpu)
-    detail = h.summary() + (f"; fix: {h.fix()}" if h.fix() else "")
-    return {"state": {"ok": "ok", "warn": "warn", "fail": "fault"}.get(h.status, "unknown"), "detail": detail}
+HEALTH_STATE = {"ok": "ok", "warn": "warn", "fail": "fault"}  # gpu_health's verdicts, as status names them
 
 
 @dataclass
@@ -148,7 +133,8 @@ def _unit_state(systemd: Systemd, name: str, missing: list[str]) -> UnitState | 
     return state
 
 
-def _nvml() -> tuple[dict[int, dict], str | None]:
+def _nvml() -> tuple[dict, str | None]:
+    """NVML's snapshot (probe_child.nvml_snapshot: answered GPUs, unanswered ones, the count), or why not."""
     env, found = driver.locate(dict(os.environ))
     if isinstance(found, DflashError):
         return {}, f"{found.what}: {found.why}"
@@ -156,25 +142,25 @@ def _nvml() -> tuple[dict[int, dict], str | None]:
     if not result.get("ok"):
         from dflashctl.host import probes
         return {}, f"NVML gave no answers ({probes.failure_text(result)})"
-    return {g["index"]: g for g in result["facts"]["gpus"]}, None
+    return result["facts"], None
 
 
-def _gpus_of(cfg: InstanceConfig, found: dict[int, dict]) -> list[dict]:
+def _gpus_of(cfg: InstanceConfig, snapshot: dict) -> list[dict]:
+    """A row per GPU of the instance (all NVML counts when it names none): memory, and the verdict
+    host/gpu_health.assess gives on NVML's figures; a fault there makes the instance unhealthy. A GPU
+    the settings name that NVML lost or does not count is a fault too, named as assess names it."""
+    answered = {g["index"]: g for g in snapshot.get("gpus", [])}
     out = []
-    for i in (cfg.gpus or sorted(found)):
-        g = found.get(i)
-        if g is None:
-            out.append({"index": i, "name": None, "memory_used_mib": None, "memory_total_mib": None,
-                        "health": "unknown", "health_detail": f"NVML does not list GPU {i}"})
-            continue
-        health = gpu_health(g)
-        out.append({"index": i, "name": g.get("name"), "memory_used_mib": g["memory_mib"]["used"],
-                    "memory_total_mib": g["memory_mib"]["total"], "health": health["state"],
-                    "health_detail": health["detail"]})
+    for h in gpu_health.assess(snapshot, cfg.gpus or None):
+        g = answered.get(h.index, {})
+        memory = g.get("memory_mib") or {}
+        out.append({"index": h.index, "name": g.get("name") or h.name, "memory_used_mib": memory.get("used"),
+                    "memory_total_mib": memory.get("total"), "health": HEALTH_STATE[h.status],
+                    "health_detail": h.summary() + (f"; fix: {h.fix()}" if h.fix() else "")})
     return out
 
 
-def sample_instance(cfg: InstanceConfig, systemd: Systemd | None, nvml: dict[int, dict],
+def sample_instance(cfg: InstanceConfig, systemd: Systemd | None, nvml: dict,
                     nvml_missing: str | None, env: dict) -> InstanceSample:
     s = InstanceSample(cfg)
     name = unit.unit_name(cfg)
