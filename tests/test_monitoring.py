@@ -23,6 +23,7 @@ import pytest
 
 from conftest import REPO, nix_or_skip, prometheus_or_skip
 from dflashctl.service import config, monitoring, router
+from dflashctl.service.metrics_text import parse
 from nixeval import nix_env
 from router_harness import ENV, HAVE_ROUTER, STANDIN, Load, Router, Standin, free_port, generate_body, request
 
@@ -189,6 +190,193 @@ def test_promtool_would_see_a_broken_rule(tmp_path):
     done = subprocess.run([str(promtool), "test", "rules", "tests.json"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode != 0 and "alertname: DflashInstanceDown, time: 4m" in done.stderr
+
+
+# ------------------------------------------------- the names: every query against what the exporters write
+
+METRICS = REPO / "tests" / "data" / "metrics"
+# What the real exporters wrote: a DFLASH instance and sglang-router 0.3.2 on the H200, and the same
+# router on loopback after a worker was killed under load (tests/data/metrics/loopback/record_router.py:
+# the families that appear only with retries and failures).
+RECORDINGS = [METRICS / "h200" / "instance-metrics.txt", METRICS / "h200" / "router-metrics.txt",
+              METRICS / "loopback" / "router-after-kill-metrics.txt"]
+TARGET_LABELS = {"job", "instance", "dflash_instance"}  # what Prometheus and the scrape configs attach
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+                "offset", "inf", "nan"}
+GPU_PREFIXES = {"dcgm-exporter": "DCGM_FI_", "nvidia_gpu_exporter": "nvidia_smi_"}
+
+
+def recorded_families() -> dict[str, tuple[str, set[str]]]:
+    """{family: (type, label names)} over the recordings (histogram and summary parts folded in)."""
+    types, labels = {}, {}
+    for path in RECORDINGS:
+        text = path.read_text()
+        for line in text.splitlines():
+            if line.startswith("# TYPE "):
+                _, _, name, kind = line.split()
+                types[name] = kind
+        for sample in parse(text):
+            fam = sample.name
+            for suffix in ("_bucket", "_sum", "_count"):
+                if fam not in types and fam.endswith(suffix) and fam[: -len(suffix)] in types:
+                    fam = fam[: -len(suffix)]
+            labels.setdefault(fam, set()).update(k for k, _ in sample.labels if k not in ("le", "quantile"))
+    out = {name: (kind, labels.get(name, set())) for name, kind in types.items()}
+    # Observed only for streamed requests, so not in the H200 recording (its requests were not
+    # streamed): SGLang 0.5.11's observability/metrics_collector.py declares it beside the time to
+    # first token, with the same label names (`labelnames=labels.keys()` for both).
+    out["sglang:inter_token_latency_seconds"] = ("histogram", out["sglang:time_to_first_token_seconds"][1])
+    return out
+
+
+def selectors(expr: str) -> list[tuple[str, dict[str, str]]]:
+    """Every series selector of a PromQL expression: (metric name or `{__name__=~...}`'s regex, matchers)."""
+    found, bare = [], expr
+    for m in re.finditer(r'([a-zA-Z_:][\w:]*)?\{([^}]*)\}', expr):
+        matchers = dict((k, v) for k, _, v in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:\\.|[^"\\])*)"', m.group(2)))
+        found.append((m.group(1) or matchers.pop("__name__"), matchers))
+    bare = re.sub(r'[a-zA-Z_:][\w:]*\{[^}]*\}|\{[^}]*\}|\[[^\]]*\]|"[^"]*"', " ", expr)
+    bare = re.sub(r'\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)', " ", bare)
+    for m in re.finditer(r'(?<![\w:.])([a-zA-Z_:][\w:]*)(?![\w:])(?!\s*\()', bare):
+        if m.group(1) not in PROMQL_WORDS:
+            found.append((m.group(1), {}))
+    return found
+
+
+def grouping_labels(expr: str) -> set[str]:
+    return {x.strip() for g in re.findall(r'\b(?:by|without|on|ignoring)\s*\(([^)]*)\)', expr) for x in g.split(",")
+            if x.strip()}
+
+
+def family_of(name: str, families: dict) -> tuple[str, str] | None:
+    """(family, the part of it `name` is: "" or _bucket/_sum/_count), or None when no exporter writes it."""
+    if name in families:
+        return name, ""
+    for suffix in ("_bucket", "_sum", "_count"):
+        if name.endswith(suffix) and families.get(name[: -len(suffix)], ("",))[0] in ("histogram", "summary"):
+            return name[: -len(suffix)], suffix
+    return None
+
+
+def query_problems(expr: str, families: dict, records: dict[str, set[str]]) -> list[str]:
+    """What in `expr` no exporter writes: a metric name, a label a selector or a grouping names, a
+    rate over a gauge, a quantile over anything but a histogram's buckets."""
+    problems, seen_labels = [], set(TARGET_LABELS)
+    for name, matchers in selectors(expr):
+        if name in ("up", "ALERTS"):  # Prometheus' own: up per target, ALERTS per alert
+            if seen_labels is not None:
+                seen_labels |= {"alertname", "alertstate"}
+            continue
+        if name in records:
+            labels = records[name]
+        elif (fam := family_of(name, families)) is not None:
+            kind, labels = families[fam[0]]
+            labels = labels | ({"le"} if fam[1] == "_bucket" else set())
+        elif any(name.startswith(p) for p in GPU_PREFIXES.values()):
+            seen_labels = None  # the GPU exporters' (no recording: their labels unknown here), named by
+            continue  # the rule's exporter label (the rule test below)
+        else:
+            problems.append(f"{name}: no recording has it")
+            continue
+        if seen_labels is not None:
+            seen_labels |= labels
+        for label in set(matchers) - TARGET_LABELS - labels:
+            problems.append(f"{name}{{{label}}}: the series have no label {label}")
+    for label in grouping_labels(expr) - (seen_labels if seen_labels is not None else grouping_labels(expr)):
+        problems.append(f"grouped by {label}, which none of its series has")
+    for func, name in re.findall(r'\b(rate|irate|increase|delta)\(\s*([a-zA-Z_:][\w:]*)', expr):
+        fam = family_of(name, families)
+        if fam is None:
+            continue
+        counts = families[fam[0]][0] == "counter" or fam[1] in ("_bucket", "_sum", "_count")
+        if counts != (func != "delta"):
+            problems.append(f"{func}({name}): {name} is a {families[fam[0]][0]}")
+    for name in re.findall(r'histogram_quantile\([^,]+,[^;]*?\b([a-zA-Z_:][\w:]*)\{', expr):
+        fam = family_of(name, families)
+        if fam is None or fam[1] != "_bucket" or families[fam[0]][0] != "histogram":
+            problems.append(f"histogram_quantile over {name}: not a histogram's buckets")
+    return problems
+
+
+def recording_rules() -> dict[str, set[str]]:
+    """dflash:* recorded by the rule file, with the labels each record carries."""
+    rules = monitoring.rule_file(HOST)
+    return {r["record"]: set(r.get("labels", {})) for g in rules["groups"] for r in g["rules"] if "record" in r}
+
+
+def test_the_query_checker_sees_a_wrong_name_label_rate_or_quantile():
+    """The control for the two tests below: each kind of mistake is named."""
+    fam, rec = recorded_families(), recording_rules()
+    assert query_problems('sum by (dflash_instance) (rate(sglang:generation_tokens_total{job="x"}[5m]))', fam, rec) == []
+    assert query_problems("rate(sglang:generation_tokens{job=\"x\"}[5m])", fam, rec) == \
+        ["sglang:generation_tokens: no recording has it"]
+    assert query_problems('sum by (worker) (smg_router_requests_total{endpoint="generate",gpu="0"})', fam, rec) == \
+        ["smg_router_requests_total{gpu}: the series have no label gpu", "grouped by worker, which none of its series has"]
+    assert query_problems("rate(sglang:num_queue_reqs[5m])", fam, rec) == \
+        ["rate(sglang:num_queue_reqs): sglang:num_queue_reqs is a gauge"]
+    assert query_problems("histogram_quantile(0.99, sum by (le) (rate(sglang:e2e_request_latency_seconds_sum{}[5m])))",
+                          fam, rec) == ["grouped by le, which none of its series has",
+                                        "histogram_quantile over sglang:e2e_request_latency_seconds_sum: not a "
+                                        "histogram's buckets"]
+
+
+def test_every_dashboard_query_reads_names_and_labels_the_exporters_write():
+    families, records = recorded_families(), recording_rules()
+    d = monitoring.dashboard()
+    problems, names = {}, set()
+    for panel in d["panels"]:
+        for t in panel.get("targets", []):
+            problems[f"{panel['title']} {t['refId']}"] = query_problems(t["expr"], families, records)
+            names |= {n for n, _ in selectors(t["expr"])}
+            legend = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", t.get("legendFormat", "")))
+            assert legend <= grouping_labels(t["expr"]), (panel["title"], legend)  # what the legend shows survives
+    for v in d["templating"]["list"]:
+        if v["type"] == "query":
+            sel, label = re.fullmatch(r"label_values\((.+), (\w+)\)", v["query"]["query"]).groups()
+            problems[f"${v['name']}"] = query_problems(f"count by ({label}) ({sel})", families, records)
+    assert {k: v for k, v in problems.items() if v} == {}
+    # what the issue asks the dashboard to show, by the series it reads
+    assert {"sglang:generation_tokens_total", "sglang:time_to_first_token_seconds_bucket",
+            "sglang:inter_token_latency_seconds_bucket", "sglang:spec_accept_length", "sglang:num_running_reqs",
+            "sglang:num_queue_reqs", "sglang:token_usage", "smg_router_requests_total", "smg_worker_retries_total",
+            "smg_worker_health"} <= names
+
+
+def test_the_dashboard_is_one_grafana_layout_with_every_variable_it_uses():
+    d = monitoring.dashboard()
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in d["templating"]["list"]}
+    cells = set()
+    for p in d["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["w"] > 0 and g["x"] + g["w"] <= 24, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, f"{p['title']} overlaps another panel"
+        cells |= mine
+        if p["type"] == "row":
+            continue
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert refs and len(refs) == len(set(refs)), p["title"]
+        for t in p["targets"]:
+            used = set(re.findall(r"\$(\w+)", t["expr"])) - {"__rate_interval", "__interval", "__range"}
+            assert used <= variables, (p["title"], used - variables)
+
+
+def test_every_rule_reads_names_and_labels_the_exporters_write():
+    families, records = recorded_families(), recording_rules()
+    problems = {}
+    for g in monitoring.rule_file(HOST)["groups"]:
+        for r in g["rules"]:
+            name = r.get("alert") or r["record"]
+            problems[name] = query_problems(r["expr"], families, records)
+            gpu = [n for n, _ in selectors(r["expr"]) if not family_of(n, families) and n not in records
+                   and n not in ("up", "ALERTS")]
+            if gpu:  # a GPU exporter's names: all of the one its exporter label names
+                prefix = GPU_PREFIXES[r["labels"]["exporter"]]
+                assert all(re.sub(r"[()|]", "", n).startswith(prefix) for n in gpu), (name, gpu)
+    assert {k: v for k, v in problems.items() if v} == {}
 
 
 # ------------------------------------------------------------------ the thresholds and scrape configs
@@ -476,6 +664,21 @@ def test_every_dashboard_query_returns_series_from_the_scraped_data(host):
     per_instance = host.prometheus.query(dashboard_queries()[-1].replace("$instance", ".*"))
     # b is stopped: its first failed scrape marked its series stale, so the variable offers a alone
     assert [s["metric"]["dflash_instance"] for s in per_instance] == ["a"]
+
+
+def test_the_live_router_writes_the_recorded_families_with_their_labels(host):
+    """What the name checks above rest on: every family of the recordings (the H200's, and
+    loopback's after a kill) that the real router writes here has no label they lack. (It writes
+    a few more, e.g. smg_http_inflight_request_age_count while requests are in flight; no query
+    reads them.)"""
+    families, live = recorded_families(), {}
+    for series in host.prometheus.query('{job="dflash-router"}'):
+        fam = family_of(series["metric"]["__name__"], families)
+        if fam is None:
+            continue
+        live.setdefault(fam[0], set()).update(set(series["metric"]) - {"__name__", "job", "instance", "le", "quantile"})
+    assert "smg_worker_retries_total" in live and "smg_worker_health" in live
+    assert {f: sorted(labels - families[f][1]) for f, labels in live.items() if labels - families[f][1]} == {}
 
 
 def test_status_over_the_host_shows_every_row_and_names_the_stopped_worker(host):
