@@ -51,6 +51,17 @@ def test_the_text_format_edges():
             parse(bad)
 
 
+def test_the_journal_line_that_reads_as_an_error():
+    from dflashctl.service.status_collect import reads_as_error
+    assert reads_as_error("ImportError: cannot import name 'StructuralTag' from 'xgrammar'")
+    assert reads_as_error("[2026-12-01 10:00:00] CUDA error: an illegal memory access was encountered")
+    assert reads_as_error("dflashctl serve: GPU 0 (NVIDIA H200) failed while serving: XID 79; stopping SGLang")
+    assert reads_as_error("anything at all", priority="3")
+    assert not reads_as_error("dflashctl serve: ready after 41.0 s: http://127.0.0.1:30000/health_generate decoded")
+    assert not reads_as_error("dflashctl serve: GPU watch: off: OSError: libnvidia-ml.so.1: cannot open shared object")
+    assert not reads_as_error("dflashctl serve: preflight warning: cuda-home: nvcc failed to run")
+
+
 def status(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dflashctl", "status", *args], capture_output=True, text=True,
                           env=dict(ENV, **(env or {})), timeout=timeout)

@@ -31,6 +31,10 @@ from dflashctl.service.router_admin import RouterAdmin, RouterUnreachable
 HTTP_TIMEOUT_S = 3.0
 JOURNAL_LINES = 400
 ERROR_LINE = re.compile(r"error|exception|traceback|fatal|failed|killed|out of memory", re.IGNORECASE)
+# serve's warnings and its GPU watch's state and notes ("GPU watch: off: OSError: ..." on a host
+# without NVML) name error words without being the instance's errors; a GPU the watch sees fail is
+# said as "<GPU> failed ...: stopping SGLang", which still counts.
+NOT_AN_ERROR = re.compile(r"^dflashctl serve: (warning|preflight warning|GPU watch): ")
 
 
 def systemd_here() -> str | None:
@@ -112,10 +116,17 @@ def last_error(unit_name: str) -> dict | None:
             text = bytes(text).decode(errors="replace")
         if not isinstance(text, str):
             continue
-        if str(entry.get("PRIORITY", "6")) in ("0", "1", "2", "3") or ERROR_LINE.search(text):
+        if reads_as_error(text, str(entry.get("PRIORITY", "6"))):
             us = int(entry.get("__REALTIME_TIMESTAMP", "0") or 0)
             return {"time": iso(us / 1e6) if us else None, "text": text.strip()[:300]}
     return None
+
+
+def reads_as_error(text: str, priority: str = "6") -> bool:
+    """A journal line that is an error: priority err or worse, or an error word outside serve's notes."""
+    if priority in ("0", "1", "2", "3"):
+        return True
+    return bool(ERROR_LINE.search(text)) and not NOT_AN_ERROR.match(text)
 
 
 def iso(t: float) -> str:
