@@ -307,11 +307,13 @@ def recording_rules() -> dict[str, set[str]]:
 def test_the_query_checker_sees_a_wrong_name_label_rate_or_quantile():
     """The control for the two tests below: each kind of mistake is named."""
     fam, rec = recorded_families(), recording_rules()
-    assert query_problems('sum by (dflash_instance) (rate(sglang:generation_tokens_total{job="x"}[5m]))', fam, rec) == []
+    ok = 'sum by (dflash_instance) (rate(sglang:generation_tokens_total{job="x"}[5m]))'
+    assert query_problems(ok, fam, rec) == []
     assert query_problems("rate(sglang:generation_tokens{job=\"x\"}[5m])", fam, rec) == \
         ["sglang:generation_tokens: no recording has it"]
     assert query_problems('sum by (worker) (smg_router_requests_total{endpoint="generate",gpu="0"})', fam, rec) == \
-        ["smg_router_requests_total{gpu}: the series have no label gpu", "grouped by worker, which none of its series has"]
+        ["smg_router_requests_total{gpu}: the series have no label gpu",
+         "grouped by worker, which none of its series has"]
     assert query_problems("rate(sglang:num_queue_reqs[5m])", fam, rec) == \
         ["rate(sglang:num_queue_reqs): sglang:num_queue_reqs is a gauge"]
     assert query_problems("histogram_quantile(0.99, sum by (le) (rate(sglang:e2e_request_latency_seconds_sum{}[5m])))",

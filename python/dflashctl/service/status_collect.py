@@ -4,10 +4,11 @@ A sample asks every source once and never raises: what cannot be read is named (
 host without systemd, without a router, without a driver, or with metrics off still gets every row
 it can fill. Sources, per instance: systemd (instance_control.Systemd.show, the one parser of
 `systemctl show`), its journal (the last line that reads as an error), NVML (host/gpus.py's reader,
-one child per sample; host/gpu_health.assess judges its figures), SGLang 0.5.11's own endpoints (/model_info, /v1/loads: running and queued
-requests, /metrics with enableMetrics: tokens and the speculative acceptance length); for the
-router, its /workers (router_admin) and its /metrics (sglang-router 0.3.2's smg_* families). Rates
-come from two samples (status.py keeps them); one sample has only counters and gauges.
+one child per sample; host/gpu_health.assess judges its figures), SGLang 0.5.11's own endpoints
+(/model_info, /v1/loads: running and queued requests, /metrics with enableMetrics: tokens and the
+speculative acceptance length); for the router, its /workers (router_admin) and its /metrics
+(sglang-router 0.3.2's smg_* families). Rates come from two samples (status.py keeps them); one
+sample has only counters and gauges.
 """
 
 import json
