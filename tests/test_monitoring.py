@@ -366,6 +366,17 @@ def test_the_dashboard_is_one_grafana_layout_with_every_variable_it_uses():
             assert used <= variables, (p["title"], used - variables)
 
 
+GPU_EXPORTERS = json.loads((METRICS / "gpu-exporters.json").read_text())
+
+
+def expand(name: str) -> list[str]:
+    """The names a `{__name__=~...}` regex of the rules' simple form (A|B, prefix_(a|b)) matches."""
+    m = re.fullmatch(r"(.*?)\(([^()]*)\)(.*)", name)
+    if m:
+        return [x for alt in m.group(2).split("|") for x in expand(m.group(1) + alt + m.group(3))]
+    return name.split("|")
+
+
 def test_every_rule_reads_names_and_labels_the_exporters_write():
     families, records = recorded_families(), recording_rules()
     problems = {}
@@ -373,12 +384,16 @@ def test_every_rule_reads_names_and_labels_the_exporters_write():
         for r in g["rules"]:
             name = r.get("alert") or r["record"]
             problems[name] = query_problems(r["expr"], families, records)
-            gpu = [n for n, _ in selectors(r["expr"]) if not family_of(n, families) and n not in records
-                   and n not in ("up", "ALERTS")]
-            if gpu:  # a GPU exporter's names: all of the one its exporter label names
-                prefix = GPU_PREFIXES[r["labels"]["exporter"]]
-                assert all(re.sub(r"[()|]", "", n).startswith(prefix) for n in gpu), (name, gpu)
+            gpu = [x for n, _ in selectors(r["expr"]) if not family_of(n, families) and n not in records
+                   and n not in ("up", "ALERTS") for x in expand(n)]
+            if gpu:  # a GPU exporter's: its names and labels, of the exporter the rule's label names
+                exporter = GPU_EXPORTERS[r["labels"]["exporter"]]
+                problems[name] += [f"{n}: not among {r['labels']['exporter']}'s names" for n in gpu
+                                   if n not in exporter["names"]]
+                problems[name] += [f"grouped by {x}, which {r['labels']['exporter']} does not write"
+                                   for x in grouping_labels(r["expr"]) - set(exporter["labels"]) - TARGET_LABELS]
     assert {k: v for k, v in problems.items() if v} == {}
+    assert expand("a_(x|y)_z") == ["a_x_z", "a_y_z"] and expand("A|B") == ["A", "B"]
 
 
 # ------------------------------------------------------------------ the thresholds and scrape configs
