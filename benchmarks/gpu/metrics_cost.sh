@@ -12,6 +12,9 @@
 # how to make it), or /tmp/router-site was unpacked by an earlier call on the same warm machine,
 # status shows the router row; without it the measurement and the instances' rows are the same and
 # the router is named as not carried.
+# Where both payloads do not fit one transfer, two calls on one warm machine (/tmp stays):
+#   1. carry [".gpu"]:         METRICS_BUDGET=1 bash benchmarks/gpu/metrics_cost.sh   (unpacks, byte code; exit 4)
+#   2. carry [".gpu-router"]:  bash benchmarks/gpu/metrics_cost.sh
 # Expected: 100-120 s on a fresh H200 (unpacking ~10 s, byte code 12-15 s, both instances ready
 # after 45-60 s, 12 rounds of 2.5 s, status ~10 s); hard stop at METRICS_BUDGET (120) seconds from the
 # start, each phase cut short with a note where the budget runs out. Faster where an earlier script
@@ -20,7 +23,7 @@
 # PAYLOAD_DIR (.gpu), ROUTER_PAYLOAD (.gpu-router/router.tar.xz), PYTHON (python3), SERVE_ARGS (extra
 # `dflashctl serve` arguments, split at spaces). A dry run without a GPU, in a private /tmp:
 #   SERVE_ARGS=--skip-preflight DFLASHCTL_SGLANG_LAUNCHER="python3 tests/data/service/standin_server.py" \
-#   PAYLOAD_DIR=DIR-WITH-ANY-payload.tar.xz unshare -m sh -c 'mount -t tmpfs tmpfs /tmp && bash benchmarks/gpu/metrics_cost.sh' 
+#   PAYLOAD_DIR=DIR-WITH-ANY-payload.tar.xz unshare -m sh -c 'mount -t tmpfs tmpfs /tmp && bash benchmarks/gpu/metrics_cost.sh'
 # Writes into $OUT (default $PWD/metrics-cost-out): summary.txt, metrics-cost.txt (what it
 # printed), metrics-cost.json (every round), status-h200.json / status-h200.txt, metrics-cost-logs.txt.
 set -uo pipefail
