@@ -44,4 +44,10 @@ in
     defaultText = module.options.services.dflash.upgrade.defaultText.literal;
   };
   rollout = builtins.mapAttrs (_: declared) module.options.services.dflash.rollout;
+  # Their `enable` defaults read the host's services.prometheus / services.grafana: the text shown.
+  prometheus = builtins.mapAttrs (_: declared) (
+    removeAttrs module.options.services.dflash.prometheus [ "enable" ]
+  );
+  prometheusEnable = module.options.services.dflash.prometheus.enable.defaultText.literal;
+  grafanaEnable = module.options.services.dflash.grafana.enable.defaultText.literal;
 }

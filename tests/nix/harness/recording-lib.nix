@@ -15,6 +15,7 @@ in
     ints.positive = type "positive" { };
     ints.unsigned = type "unsigned" { };
     numbers.between = lo: hi: type "between" { inherit lo hi; };
+    numbers.positive = type "positiveNumber" { };
     strMatching = pattern: type "strMatching" { inherit pattern; };
     enum = values: type "enum" { inherit values; };
     nullOr = t: type "nullOr" { of = t; };
