@@ -209,7 +209,7 @@ def main() -> int:
         (args.out / "metrics-cost.json").write_text(json.dumps(result, indent=2) + "\n")
     for clients, s in result.get("median_tokens_per_s", {}).items():
         print(f"{clients} client(s): median {s['off']} tok/s without metrics, {s['on']} with: "
-              f"{s['cost_percent']} % slower with them", flush=True)
+              f"{abs(s['cost_percent'])} % {'slower' if s['cost_percent'] >= 0 else 'faster'} with them", flush=True)
     print(f"total {time.monotonic() - T0:.0f} s", flush=True)
     return 0
 
