@@ -23,6 +23,7 @@ let
 
   cfg = config.services.dflash;
   serviceUnit = import ./lib/service-unit.nix;
+  settings = import ./lib/settings.nix;
   routerUnit = import ./lib/router-unit.nix;
   rolloutUnit = import ./lib/rollout-unit.nix;
   monitoring = import ./lib/monitoring.nix;
@@ -76,51 +77,12 @@ let
     _: i: inStore i.model && (i.draftModel == null || inStore i.draftModel)
   ) instances;
 
-  speculativeOptions = {
-    algorithm = mkOption {
-      type = types.nullOr (
-        types.enum [
-          "DFLASH"
-          "DDTREE"
-          "EAGLE3"
-        ]
-      );
-      default = null;
-      example = "DFLASH";
-      description = ''
-        Speculative decoding algorithm, passed as `--speculative-algorithm`. `null` decodes with the
-        target model alone. DFLASH, DDTREE and EAGLE3 need {option}`draftModel`. DDTREE (tree
-        verification of the drafter's top-k continuations) exists only in a patched SGLang: the
-        build fails if the instance's {option}`package` does not offer it.
-      '';
-    };
-    numDraftTokens = mkOption {
-      type = types.nullOr types.ints.positive;
-      default = null;
-      example = 16;
-      description = ''
-        Tokens drafted per step (`--speculative-num-draft-tokens`; for DFLASH the block size).
-        `null` keeps SGLang's default, which for DFLASH is the drafter's `block_size`.
-      '';
-    };
-    ddtreeBudget = mkOption {
-      type = types.nullOr types.ints.positive;
-      default = null;
-      example = 64;
-      description = "Tree nodes verified per step with DDTREE (`--speculative-ddtree-budget`).";
-    };
-    draftAttentionBackend = mkOption {
-      type = types.nullOr unitStr;
-      default = null;
-      example = "flashinfer";
-      description = "Attention kernel of the drafter (`--speculative-draft-attention-backend`).";
-    };
-  };
-
   instanceOptions =
     { name, config, ... }:
     {
-      options = {
+      # The settings dflashctl reads, declared from its schema (nix/lib/settings.nix); the
+      # options below them are the module's own.
+      options = settings.options { inherit lib unitStr; } name // {
         enable = mkOption {
           type = types.bool;
           default = true;
@@ -136,198 +98,10 @@ let
             patched SGLang for DDTREE.
           '';
         };
-        model = mkOption {
-          type = unitStr;
-          example = "Qwen/Qwen3-8B";
-          description = ''
-            Target model: a Hugging Face repo id (downloaded into {option}`cacheDir`) or a local
-            directory (`--model-path`).
-          '';
-        };
-        draftModel = mkOption {
-          type = types.nullOr unitStr;
-          default = null;
-          example = "z-lab/Qwen3-8B-DFlash-b16";
-          description = "Drafter for speculative decoding (`--speculative-draft-model-path`).";
-        };
-        # Models pinned like the code: a commit per hub model, fetched ahead, no hub at start.
-        modelRevision = mkOption {
-          type = types.nullOr unitStr;
-          default = null;
-          example = "0e9e39f249a16976918f6564b8830bc894c89659";
-          description = ''
-            Hub revision of {option}`model` (`--revision`). A commit hash gives every host the same
-            weights; a branch name (or `null`, the hub's `main`) follows the hub, and
-            `dflashctl validate` warns about it. Not allowed for a local directory.
-          '';
-        };
-        draftModelRevision = mkOption {
-          type = types.nullOr unitStr;
-          default = null;
-          example = "3b1c0d2e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c";
-          description = "Hub revision of {option}`draftModel` (`--speculative-draft-model-revision`), as for {option}`modelRevision`.";
-        };
-        hfTokenFile = mkOption {
-          type = types.nullOr unitStr;
-          default = null;
-          example = "/run/secrets/hf-token";
-          description = ''
-            File holding a hub token, for gated models. A path as a string, never copied into the
-            Nix store: systemd hands it to the service with `LoadCredential`, and dflashctl gives it
-            to SGLang only as `HF_TOKEN` in its environment (never in argv, logs or settings).
-          '';
-        };
-        offline = mkOption {
-          type = types.bool;
-          default = false;
-          description = ''
-            Start without reaching the hub (`HF_HUB_OFFLINE=1`): the pinned revisions must already
-            be in the cache (`dflashctl models fetch --config <settings>`). Preflight refuses to
-            start within seconds, naming the missing files, when they are not.
-          '';
-        };
-        speculative = mkOption {
-          type = types.submodule { options = speculativeOptions; };
-          default = { };
-          example = {
-            algorithm = "DFLASH";
-            numDraftTokens = 16;
-          };
-          description = "Speculative decoding settings.";
-        };
-        gpus = mkOption {
-          type = types.listOf types.ints.unsigned;
-          default = [ ];
-          example = [
-            0
-            1
-          ];
-          description = ''
-            GPU indices this instance uses; they become `CUDA_VISIBLE_DEVICES`. The empty list
-            leaves every GPU visible (and then conflicts with every other instance).
-          '';
-        };
-        allowSharedGpus = mkOption {
-          type = types.bool;
-          default = false;
-          description = ''
-            Allow a GPU of this instance to appear in another instance's {option}`gpus` (both must
-            set it). Lower {option}`memFractionStatic` so both fit.
-          '';
-        };
-        tpSize = mkOption {
-          type = types.ints.positive;
-          default = 1;
-          example = 2;
-          description = "Tensor-parallel size (`--tp-size`); at most the number of {option}`gpus`.";
-        };
-        host = mkOption {
-          type = unitStr;
-          default = "127.0.0.1";
-          example = "0.0.0.0";
-          description = "Address the OpenAI-compatible HTTP API listens on (`--host`).";
-        };
-        port = mkOption {
-          type = types.port;
-          default = 30000;
-          example = 30001;
-          description = "TCP port of the HTTP API (`--port`); one per instance.";
-        };
         openFirewall = mkOption {
           type = types.bool;
           default = false;
           description = "Open {option}`port` in `networking.firewall.allowedTCPPorts`.";
-        };
-        grammarBackend = mkOption {
-          type = types.enum [
-            "xgrammar"
-            "llguidance"
-            "outlines"
-            "none"
-          ];
-          default = "xgrammar";
-          description = ''
-            Constrained decoding backend (`--grammar-backend`); preflight checks it imports with the
-            names SGLang needs. `none` makes SGLang refuse every JSON-schema, regex, EBNF,
-            structural-tag and tool-call request (the build prints a warning); `dflashctl smoke`
-            checks all five against xgrammar.
-          '';
-        };
-        constrainedJsonDisableAnyWhitespace = mkOption {
-          type = types.bool;
-          default = false;
-          example = true;
-          description = ''
-            JSON constrained by a JSON schema or a `tool_choice` gets fixed separators (`, ` and
-            `: `) instead of any amount of whitespace between its tokens
-            (`--constrained-json-disable-any-whitespace`). A model that does not close its JSON may
-            otherwise pad it with whitespace until `max_tokens`: on an H200, a random-weight model
-            gave 0 of 5 valid JSON answers without it and 5 of 5 with it. The JSON inside a
-            structural tag is not affected.
-          '';
-        };
-        attentionBackend = mkOption {
-          type = types.nullOr unitStr;
-          default = null;
-          example = "fa3";
-          description = "Attention kernel of the target (`--attention-backend`); `null`: SGLang picks.";
-        };
-        memFractionStatic = mkOption {
-          type = types.nullOr (types.numbers.between 0 1);
-          default = null;
-          example = 0.85;
-          description = "Share of GPU memory for weights and KV cache (`--mem-fraction-static`).";
-        };
-        contextLength = mkOption {
-          type = types.nullOr types.ints.positive;
-          default = null;
-          example = 32768;
-          description = "Maximum context length (`--context-length`); `null`: the model's own.";
-        };
-        servedModelName = mkOption {
-          type = types.nullOr unitStr;
-          default = null;
-          example = "qwen3-8b";
-          description = "Model name the API reports and accepts (`--served-model-name`).";
-        };
-        apiKeyFile = mkOption {
-          type = types.nullOr unitStr;
-          default = null;
-          example = "/run/secrets/dflash-api-key";
-          description = ''
-            File holding the API key clients must send as `Authorization: Bearer`. A path as a
-            string, never copied into the Nix store: systemd hands it to the service with
-            `LoadCredential`, and dflashctl passes it to SGLang as `--api-key`.
-          '';
-        };
-        enableMetrics = mkOption {
-          type = types.bool;
-          default = true;
-          description = ''
-            Serve SGLang's Prometheus metrics at `/metrics` on the instance's own address and port
-            (`--enable-metrics`; no API key needed there). On by default: what it costs a decode
-            step is measured in docs/benchmarks.md. {option}`services.dflash.prometheus` scrapes it.
-          '';
-        };
-        environment = mkOption {
-          type = types.attrsOf unitStr;
-          default = { };
-          example = {
-            NCCL_DEBUG = "WARN";
-          };
-          description = "Extra environment variables for SGLang (not for the preflight probes).";
-        };
-        extraArgs = mkOption {
-          type = types.listOf unitStr;
-          default = [ ];
-          example = [
-            "--max-running-requests"
-            "64"
-          ];
-          description = ''
-            Further SGLang flags, appended last. Flags that an option above sets are refused at
-            build time: set the option instead.
-          '';
         };
         user = mkOption {
           type = types.nullOr accountName;
@@ -346,84 +120,6 @@ let
             Group to run as (`Group=`, created if needed); `null`: the primary group of
             {option}`user`. Only used when {option}`user` is set.
           '';
-        };
-        cacheDir = mkOption {
-          type = types.nullOr unitStr;
-          default = null;
-          example = "/var/cache/hf";
-          description = ''
-            Model download cache (`HF_HOME`). `null`: `/var/cache/dflash-${name}` (systemd's
-            `CacheDirectory`). Under `/var/cache` or `/var/lib` systemd creates and owns it
-            (`CacheDirectory`/`StateDirectory`), also under `DynamicUser`; two `DynamicUser`
-            instances cannot share one. Elsewhere (e.g. `/srv/hf`) it needs a static
-            {option}`user`: systemd-tmpfiles creates it for that user, `ReadWritePaths` opens it.
-            Refused under `/home`, `/root`, `/run/user` (ProtectHome) and `/tmp`, `/var/tmp`
-            (PrivateTmp), which the sandbox hides.
-          '';
-        };
-        driverLibraryDir = mkOption {
-          type = types.nullOr types.str;
-          default = null;
-          example = "/usr/lib/x86_64-linux-gnu";
-          description = ''
-            Directory holding the host's NVIDIA driver libraries (`libcuda.so.1`). `null` lets
-            `dflashctl serve` find it: `/run/opengl-driver/lib` on NixOS, else the host's
-            `/etc/ld.so.cache` and the usual directories. Only the driver's libraries are put on
-            SGLang's `LD_LIBRARY_PATH`, through a directory of links in the cache.
-          '';
-        };
-        startTimeoutSec = mkOption {
-          type = types.ints.positive;
-          default = 900;
-          example = 1800;
-          description = ''
-            Seconds SGLang may take to load and decode its first token. A process that exits is
-            reported at once, whatever this says; `TimeoutStartSec` adds time for the preflight.
-          '';
-        };
-        stallTimeoutSec = mkOption {
-          type = types.ints.unsigned;
-          default = 300;
-          example = 600;
-          description = ''
-            Seconds SGLang may go without start-up progress (no new log output and no change in its
-            GPUs' memory) before it is stopped as stalled, with the last thing it logged (exit 93,
-            restarted with backoff). `0` turns the check off; `startTimeoutSec` still applies.
-          '';
-        };
-        loadFormat = mkOption {
-          type = types.nullOr unitStr;
-          default = null;
-          example = "dummy";
-          description = "Weight format (`--load-format`); `dummy` gives random weights (smoke tests).";
-        };
-        draftLoadFormat = mkOption {
-          type = types.nullOr unitStr;
-          default = null;
-          example = "dummy";
-          description = "Weight format of the drafter (`--speculative-draft-load-format`).";
-        };
-        skipTokenizerInit = mkOption {
-          type = types.bool;
-          default = false;
-          description = "Take token ids instead of text (`--skip-tokenizer-init`; smoke tests).";
-        };
-        cudaGraphMaxBs = mkOption {
-          type = types.nullOr types.ints.positive;
-          default = null;
-          example = 8;
-          description = "Largest batch captured in CUDA graphs (`--cuda-graph-max-bs`).";
-        };
-        samplingBackend = mkOption {
-          type = types.nullOr unitStr;
-          default = null;
-          example = "pytorch";
-          description = "Sampling kernel (`--sampling-backend`).";
-        };
-        disableCudaGraph = mkOption {
-          type = types.bool;
-          default = false;
-          description = "Run without CUDA graphs (`--disable-cuda-graph`): faster start, slower decode.";
         };
       };
     };

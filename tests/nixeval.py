@@ -24,3 +24,12 @@ def eval_json(nix: str, path: Path):
     done = eval_file(nix, path)
     assert done.returncode == 0, f"nix eval --file {path} failed:\n{done.stderr}"
     return json.loads(done.stdout)
+
+
+def nixpkgs_lib() -> Path | None:
+    """A nixpkgs lib outside the repository: $DFLASH_NIXPKGS_LIB (e.g. a nix-community/nixpkgs.lib
+    checkout) or $DFLASH_NIXPKGS (a nixpkgs checkout), each holding lib/default.nix; else None."""
+    for root in (os.environ.get("DFLASH_NIXPKGS_LIB"), os.environ.get("DFLASH_NIXPKGS")):
+        if root and (Path(root) / "lib" / "default.nix").exists():
+            return Path(root) / "lib"
+    return None

@@ -16,18 +16,12 @@ import pytest
 
 import nix_unit
 from conftest import REPO, nix_or_skip
+from nixeval import nixpkgs_lib
 
 pytestmark = pytest.mark.nix
 EVAL = REPO / "tests" / "nix" / "harness" / "module-eval.nix"
 OPT = "services.dflash.instances"
 QWEN = {"model": "Qwen/Qwen3-8B", "gpus": [0]}
-
-
-def nixpkgs_lib() -> Path | None:
-    for root in (os.environ.get("DFLASH_NIXPKGS_LIB"), os.environ.get("DFLASH_NIXPKGS")):
-        if root and (Path(root) / "lib" / "default.nix").exists():
-            return Path(root) / "lib"
-    return None
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,6 @@ let
     isList
     isString
     length
-    listToAttrs
     mapAttrs
     match
     substring
@@ -39,55 +38,9 @@ let
   staticUser = i: (i.user or null) != null;
   optionPath = name: "services.dflash.instances.${name}";
 
-  # The keys of the settings file `dflashctl serve` reads (config.KEYS there; tier 1 compares).
-  settingsKeys = [
-    "model"
-    "draftModel"
-    "modelRevision"
-    "draftModelRevision"
-    "hfTokenFile"
-    "offline"
-    "gpus"
-    "allowSharedGpus"
-    "tpSize"
-    "host"
-    "port"
-    "grammarBackend"
-    "constrainedJsonDisableAnyWhitespace"
-    "attentionBackend"
-    "memFractionStatic"
-    "contextLength"
-    "servedModelName"
-    "apiKeyFile"
-    "enableMetrics"
-    "environment"
-    "extraArgs"
-    "cacheDir"
-    "driverLibraryDir"
-    "startTimeoutSec"
-    "stallTimeoutSec"
-    "loadFormat"
-    "draftLoadFormat"
-    "skipTokenizerInit"
-    "cudaGraphMaxBs"
-    "samplingBackend"
-    "disableCudaGraph"
-  ];
-  speculativeKeys = [
-    "algorithm"
-    "numDraftTokens"
-    "ddtreeBudget"
-    "draftAttentionBackend"
-  ];
-  pick =
-    keys: attrs:
-    listToAttrs (
-      map (k: {
-        name = k;
-        value = attrs.${k};
-      }) keys
-    );
-
+  # The settings file's keys and content, from dflashctl's settings schema (settings.json).
+  settingsSchema = import ./settings.nix;
+  nameRule = settingsSchema.schema.name; # the instance name's pattern, as dflashctl's config.NAME_RE
   # Every string of a value with where it sits ("environment.X", "extraArgs[2]"); names too.
   stringsOf =
     where: v:
@@ -196,16 +149,11 @@ let
       [ ];
 in
 rec {
-  inherit data settingsKeys;
+  inherit data;
+  settingsKeys = settingsSchema.keys settingsSchema.schema;
 
   # The JSON `dflashctl serve --config` reads: the option names as they are, module-only ones out.
-  settings =
-    name: i:
-    {
-      inherit name;
-      speculative = pick speculativeKeys i.speculative;
-    }
-    // pick settingsKeys i;
+  settings = settingsSchema.settingsFile settingsSchema.schema;
 
   # The instance with the prebuilt kernels (a store path, or null for none) in its environment as
   # DFLASH_PREBUILT_KERNELS, which `dflashctl serve` reads; a value the instance sets itself wins.
@@ -302,8 +250,8 @@ rec {
     in
     [
       {
-        assertion = match "[A-Za-z0-9][A-Za-z0-9_-]{0,63}" name != null;
-        message = "${opt}: the instance name must be 1-64 letters, digits, '-' or '_' (it becomes part of the systemd unit name dflash-<name>.service)";
+        assertion = match nameRule.pattern name != null;
+        message = "${opt}: the instance name must be ${nameRule.rule} (it becomes part of the systemd unit name dflash-<name>.service)";
       }
       {
         assertion = !inStore i.apiKeyFile;
@@ -341,7 +289,7 @@ rec {
           }
           {
             assertion = cacheOf i != null;
-            message = "${opt}.cacheDir: ${unitText.cacheDirNeedsUser i.cacheDir}";
+            message = "${opt}.cacheDir: ${unitText.cacheDirNeedsUser data.cacheDir i.cacheDir}";
           }
         ]
     );

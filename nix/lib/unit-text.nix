@@ -1,10 +1,13 @@
 # Values that reach a systemd unit, refused or escaped by systemd's rules: the Nix twin of
 # python/dflashctl/service/unit_text.py, which explains each rule (tests/test_unit_text.py checks
-# that both give the same text and the same messages). Builtins only.
+# that both give the same text and the same messages). The refusals' data and texts are
+# service-unit.json's "controlCharacters", "paths" and "cacheDir", read by both. Builtins only.
 let
   inherit (builtins)
     any
     attrNames
+    concatMap
+    elem
     elemAt
     filter
     fromJSON
@@ -12,16 +15,29 @@ let
     head
     isString
     match
+    readFile
     replaceStrings
     split
     stringLength
     substring
     ;
 
+  # The rules' data and texts (control characters, paths, cacheDir), as unit_text.py reads them.
+  data = fromJSON (readFile ../../python/dflashctl/service/data/service-unit.json);
+  fill =
+    template: values:
+    replaceStrings (map (k: "{${k}}") (attrNames values)) (map (k: values.${k}) (
+      attrNames values
+    )) template;
+
   hexDigit = i: elemAt (genList (n: substring n 1 "0123456789ABCDEF") 16) i;
   hex4 = i: "00${hexDigit (i / 16)}${hexDigit (i - 16 * (i / 16))}";
-  # U+0001..U+001F and U+007F (Nix strings cannot hold U+0000).
-  controlCodes = genList (i: i + 1) 31 ++ [ 127 ];
+  # The data's ranges but U+0000, which Nix strings cannot hold.
+  controlCodes = filter (code: code != 0) (
+    concatMap (
+      r: genList (i: elemAt r 0 + i) (elemAt r 1 - elemAt r 0 + 1)
+    ) data.controlCharacters.ranges
+  );
   controls = map (code: {
     inherit code;
     char = fromJSON ''"\u${hex4 code}"'';
@@ -58,8 +74,7 @@ let
       substring 0 (stringLength s - 1) s
     else
       s;
-  plainRelative =
-    s: match "[A-Za-z0-9_+@-][A-Za-z0-9._+@-]*(/[A-Za-z0-9_+@-][A-Za-z0-9._+@-]*)*" s != null;
+  plainRelative = rules: s: match rules.plainRelative s != null;
   ownedBy =
     rules: path:
     let
@@ -79,8 +94,8 @@ let
     let
       parts = filter isString (split "/" path);
     in
-    if !hasPrefix "/" path || any (p: p == "." || p == "..") parts || contains "//" path then
-      "must be an absolute path without '.', '..' or '//' components"
+    if !hasPrefix "/" path || contains "//" path || any (p: elem p data.paths.badComponents) parts then
+      data.paths.componentsProblem
     else
       null;
   hiddenBy =
@@ -93,10 +108,13 @@ let
     if prefixes == [ ] then
       null
     else
-      "${path} is hidden from the service by ${hidden.${head prefixes}}";
+      fill data.paths.hiddenProblem {
+        inherit path;
+        directive = hidden.${head prefixes};
+      };
 in
 rec {
-  inherit specifiers pathWord;
+  inherit specifiers pathWord fill;
 
   # null, or why the value cannot go into a unit (the same sentence as Python's control_problem).
   controlProblem =
@@ -107,7 +125,7 @@ rec {
     if found == [ ] then
       null
     else
-      "contains the control character U+${hex4 (head found).code} (a newline, tab, NUL or similar would end or corrupt a line of the systemd unit); remove it";
+      fill data.controlCharacters.problem { code = hex4 (head found).code; };
 
   execArg = s: if plainWord s then specifiers s else quoted [ "%" "$" ] [ "%%" "$$" ] s;
 
@@ -135,13 +153,6 @@ rec {
   execPath = s: if plainWord s then specifiers s else ''"${specifiers s}"'';
 
   commandLine = argv: toString ([ (execPath (head argv)) ] ++ map execArg (builtins.tail argv));
-
-  # "{name}" placeholders of a data-file template, replaced as Python's unit_text.fill does.
-  fill =
-    template: values:
-    replaceStrings (map (k: "{${k}}") (attrNames values)) (map (k: values.${k}) (
-      attrNames values
-    )) template;
 
   # null, or why a unit cannot use `path` (what it runs, its settings file, a model or driver
   # directory): absolute, outside what the sandbox hides (`hidden`: service-unit.json's "hidden").
@@ -180,9 +191,12 @@ rec {
     if componentsProblem path != null then
       componentsProblem path
     else if hiddenBy hidden path != null then
-      "${hiddenBy hidden path}; use a directory under /var/cache (systemd creates and owns it), or one like /srv/hf with a static user"
-    else if owned != null && !plainRelative owned.rel then
-      "${path}: below ${owned.prefix} it becomes ${owned.directive}=${owned.rel}, which takes plain names only (letters, digits, '.', '_', '-', '+', '@', '/')"
+      fill rules.hiddenProblem { problem = hiddenBy hidden path; }
+    else if owned != null && !plainRelative rules owned.rel then
+      fill rules.notPlainProblem {
+        inherit path;
+        inherit (owned) prefix directive rel;
+      }
     else
       null;
 
@@ -205,9 +219,7 @@ rec {
     else
       null;
 
-  cacheDirNeedsUser =
-    path:
-    "${path} is outside /var/cache and /var/lib, so under DynamicUser nothing can own it; put it under /var/cache (e.g. /var/cache/hf, created by systemd for the service), or run the instance as a static user (NixOS: the instance's user option; systemd-tmpfiles then creates it for that user)";
+  cacheDirNeedsUser = rules: path: fill rules.needsUserProblem { inherit path; };
 
   tmpfilesLine =
     rules: path: user: group:

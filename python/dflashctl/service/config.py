@@ -1,28 +1,32 @@
 """Instance settings: the JSON that `services.dflash.instances.<name>` writes, its defaults and rules.
 
-One instance is one SGLang server. The JSON keys are the NixOS option names (camelCase); the
-dataclass attributes are the same names in snake_case. Loading checks types and ranges of one
-instance and lists every problem at once; rules that span instances live in `validate.py`.
-Unknown keys are errors: a typo must not be silently ignored.
+One instance is one SGLang server. Its settings are data/settings.json's (settings_schema.py
+reads it): the JSON keys are the NixOS option names (camelCase), the attributes of the frozen
+dataclasses made from the schema the same names in snake_case, and each value is checked by its
+entry's type. Loading checks types and ranges of one instance and lists every problem at once;
+rules that span instances live in `validate.py`. Unknown keys are errors: a typo must not be
+silently ignored. Every function that reads the schema takes another one (`schema=`), which is how
+tests/test_settings_schema.py follows a throw-away setting through.
 """
 
 import difflib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import field, make_dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from dflashctl import inputs
 from dflashctl.errors import CONFIG, DflashError
 from dflashctl.host import hub_cache
-from dflashctl.service import unit_text
-from dflashctl.service.sglang_args import MAPPED_FLAGS  # the mapping owns the flag names
+from dflashctl.service import settings_schema, unit_text
 
-ALGORITHMS = ("DFLASH", "DDTREE", "EAGLE3")
+SCHEMA = settings_schema.load()  # data/settings.json: every setting's key, type, default and flag
+ALGORITHMS = tuple(SCHEMA.setting("speculative.algorithm").entry["choices"])
 NEEDS_DRAFT = ("DFLASH", "DDTREE", "EAGLE3")
-GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines", "none")
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # always fullmatch: `$` would let "a\n" pass
+GRAMMAR_BACKENDS = tuple(SCHEMA.setting("grammarBackend").entry["choices"])
+NAME_RE = re.compile(SCHEMA.name_rule["pattern"])  # always fullmatch: `$` would let "a\n" pass
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Every text value reaches the unit file or SGLang's argv: systemd refuses unit lines over 1 MiB
 # (LONG_LINE_MAX) and Linux one argument over 128 KiB (MAX_ARG_STRLEN). A model id or path fits in
@@ -32,56 +36,45 @@ MAX_ITEMS = 256  # extraArgs entries, environment variables
 MAX_FILE = 1 << 20
 
 
-@dataclass(frozen=True)
-class Speculative:
-    algorithm: str | None = None
-    num_draft_tokens: int | None = None
-    ddtree_budget: int | None = None
-    draft_attention_backend: str | None = None
+def _base_url(self) -> str:
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+    return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
 
-@dataclass(frozen=True)
-class InstanceConfig:
-    name: str
-    model: str
-    draft_model: str | None = None
-    # Hub revisions (a commit hash pins the weights; a branch name follows the hub).
-    model_revision: str | None = None
-    draft_model_revision: str | None = None
-    hf_token_file: str | None = None  # reaches SGLang only as HF_TOKEN, through LoadCredential
-    offline: bool = False  # HF_HUB_OFFLINE=1; preflight refuses a pinned revision not fully cached
-    speculative: Speculative = field(default_factory=Speculative)
-    gpus: tuple[int, ...] = ()  # empty: CUDA_VISIBLE_DEVICES is left alone (every GPU visible)
-    allow_shared_gpus: bool = False
-    tp_size: int = 1
-    host: str = "127.0.0.1"
-    port: int = 30000
-    grammar_backend: str = "xgrammar"
-    constrained_json_disable_any_whitespace: bool = False
-    attention_backend: str | None = None
-    mem_fraction_static: float | None = None
-    context_length: int | None = None
-    served_model_name: str | None = None
-    api_key_file: str | None = None
-    enable_metrics: bool = True  # SGLang's /metrics on its own port (docs/monitoring.md)
-    environment: dict[str, str] = field(default_factory=dict)
-    extra_args: tuple[str, ...] = ()
-    cache_dir: str | None = None  # None: systemd's CacheDirectory ($CACHE_DIRECTORY) if set
-    driver_library_dir: str | None = None  # None: driver discovery searches (host/driver.py)
-    start_timeout_sec: int = 900
-    stall_timeout_sec: int = 300  # no log output and no GPU memory change this long: stalled (0: off)
-    # For synthetic models (smoke tests): random weights, no tokenizer, small CUDA graphs.
-    load_format: str | None = None
-    draft_load_format: str | None = None
-    skip_tokenizer_init: bool = False
-    cuda_graph_max_bs: int | None = None
-    sampling_backend: str | None = None
-    disable_cuda_graph: bool = False
+PYTHON_TYPES = {"text": str, "revision": str, "path": str, "bool": bool, "int": int, "port": int,
+                "fraction": float, "choice": str, "gpus": tuple[int, ...], "environment": dict[str, str],
+                "args": tuple[str, ...]}
 
-    @property
-    def base_url(self) -> str:
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+def _field(s: settings_schema.Setting) -> tuple:
+    """(attribute, annotation, field) of one setting in its frozen dataclass."""
+    kind = PYTHON_TYPES[s.entry["type"]]
+    kind = kind | None if s.entry.get("null") else kind
+    if s.required:
+        return s.attr, kind
+    default = s.default
+    if isinstance(default, dict):
+        return s.attr, kind, field(default_factory=lambda d=default: dict(d))
+    return s.attr, kind, field(default=tuple(default) if isinstance(default, list) else default)
+
+
+@cache
+def dataclasses_of(schema: settings_schema.Schema) -> tuple[type, dict[str, type]]:
+    """The frozen dataclasses of `schema`: one instance's settings and one per group (speculative)."""
+    groups = {g: make_dataclass(g.capitalize(), [_field(s) for s in schema.in_group(g)], frozen=True,
+                                namespace={"__module__": __name__})
+              for g in schema.groups}
+    fields = [("name", str)] + [_field(s) for s in schema.top() if s.required] \
+        + [(g, cls, field(default_factory=cls)) for g, cls in groups.items()] \
+        + [_field(s) for s in schema.top() if not s.required]
+    instance = make_dataclass("InstanceConfig", fields, frozen=True,
+                              namespace={"base_url": property(_base_url), "__module__": __name__})
+    return instance, groups
+
+
+# One instance is one SGLang server: its settings as attributes (`cfg.tp_size`, `cfg.speculative.algorithm`).
+InstanceConfig, _GROUPS = dataclasses_of(SCHEMA)
+Speculative = _GROUPS["speculative"]
 
 
 # --- types -----------------------------------------------------------------------------------------
@@ -182,57 +175,31 @@ def _extra_args(v):
 GRPC_PORT_OFFSET = 10000
 MAX_PORT = 65535 - GRPC_PORT_OFFSET
 
-SPECULATIVE_KEYS = {
-    "algorithm": ("algorithm", _opt(_choice(*ALGORITHMS))),
-    "numDraftTokens": ("num_draft_tokens", _opt(_int(1, 1024))),
-    "ddtreeBudget": ("ddtree_budget", _opt(_int(1, 65536))),
-    "draftAttentionBackend": ("draft_attention_backend", _opt(_str)),
-}
+CHECKS = {"text": _str, "revision": _revision, "path": _abs_path, "bool": _bool, "port": _int(1, 65535),
+          "fraction": _fraction, "gpus": _gpus, "environment": _environment, "args": _extra_args}
 
 
-def _speculative(v):
-    if v is None:
-        return Speculative()
-    if not isinstance(v, dict):
-        raise ValueError('an object, e.g. {"algorithm": "DFLASH"}')
-    return v  # checked key by key in from_dict, so every problem is listed
+def _check(s: settings_schema.Setting):
+    """The checker of one setting's value, from its schema entry."""
+    e = s.entry
+    if e["type"] == "int":
+        check = _int(e["min"], e.get("max"))
+    elif e["type"] == "choice":
+        check = _choice(*e["choices"])
+    else:
+        check = CHECKS[e["type"]]
+    return _opt(check) if e.get("null") else check
 
 
-# JSON key -> (attribute, checker). `name` and `speculative` are handled in from_dict.
-KEYS = {
-    "model": ("model", _str),
-    "draftModel": ("draft_model", _opt(_str)),
-    "modelRevision": ("model_revision", _opt(_revision)),
-    "draftModelRevision": ("draft_model_revision", _opt(_revision)),
-    "hfTokenFile": ("hf_token_file", _opt(_abs_path)),
-    "offline": ("offline", _bool),
-    "gpus": ("gpus", _gpus),
-    "allowSharedGpus": ("allow_shared_gpus", _bool),
-    "tpSize": ("tp_size", _int(1, 64)),
-    "host": ("host", _str),
-    "port": ("port", _int(1, 65535)),
-    "grammarBackend": ("grammar_backend", _choice(*GRAMMAR_BACKENDS)),
-    "constrainedJsonDisableAnyWhitespace": ("constrained_json_disable_any_whitespace", _bool),
-    "attentionBackend": ("attention_backend", _opt(_str)),
-    "memFractionStatic": ("mem_fraction_static", _opt(_fraction)),
-    "contextLength": ("context_length", _opt(_int(1))),
-    "servedModelName": ("served_model_name", _opt(_str)),
-    "apiKeyFile": ("api_key_file", _opt(_abs_path)),
-    "enableMetrics": ("enable_metrics", _bool),
-    "environment": ("environment", _environment),
-    "extraArgs": ("extra_args", _extra_args),
-    "cacheDir": ("cache_dir", _opt(_abs_path)),
-    "driverLibraryDir": ("driver_library_dir", _opt(_abs_path)),
-    "startTimeoutSec": ("start_timeout_sec", _int(1, 86400)),
-    "stallTimeoutSec": ("stall_timeout_sec", _int(0, 86400)),
-    "loadFormat": ("load_format", _opt(_str)),
-    "draftLoadFormat": ("draft_load_format", _opt(_str)),
-    "skipTokenizerInit": ("skip_tokenizer_init", _bool),
-    "cudaGraphMaxBs": ("cuda_graph_max_bs", _opt(_int(1))),
-    "samplingBackend": ("sampling_backend", _opt(_str)),
-    "disableCudaGraph": ("disable_cuda_graph", _bool),
-}
-ALL_KEYS = {"name", "speculative", *KEYS}
+@cache
+def keys_of(schema: settings_schema.Schema, group: str | None = None) -> dict:
+    """JSON key -> (attribute, checker) of the top-level settings, or of one group's."""
+    chosen = schema.top() if group is None else schema.in_group(group)
+    return {s.name: (s.attr, _check(s)) for s in chosen}
+
+
+KEYS = keys_of(SCHEMA)  # `name` and the groups (`speculative`) are handled in problems_of
+SPECULATIVE_KEYS = keys_of(SCHEMA, "speculative")
 
 
 def _unknown(keys, known, where: str) -> list[str]:
@@ -272,38 +239,48 @@ def _control_characters(value: Any, where: str) -> list[str]:
     return []
 
 
-def problems_of(d: Any, name: str | None = None) -> tuple[list[str], dict]:
+def _group(d: dict, group: str, schema: settings_schema.Schema, problems: list[str]):
+    """One group's object (`speculative`), checked key by key so that every problem is listed."""
+    cls = dataclasses_of(schema)[1][group]
+    value = d.get(group)
+    if value is None:
+        return cls()
+    if not isinstance(value, dict):
+        first = schema.in_group(group)[0]
+        example = json.dumps({first.name: first.entry["example"]})
+        problems.append(f"{group}: must be an object, e.g. {example} (got {_brief(value)})")
+        return cls()
+    keys = keys_of(schema, group)
+    problems += _unknown(value, keys, f"{group}.")
+    return cls(**_convert(value, keys, f"{group}.", problems))
+
+
+def problems_of(d: Any, name: str | None = None,
+                schema: settings_schema.Schema = SCHEMA) -> tuple[list[str], dict]:
     """Check one instance's JSON. Returns (problems, converted keyword arguments)."""
     if not isinstance(d, dict):
         return ["the settings must be a JSON object"], {}
-    problems = _unknown(d, ALL_KEYS, "") + _control_characters(d, "")
+    keys = keys_of(schema)
+    problems = _unknown(d, {"name", *schema.groups, *keys}, "") + _control_characters(d, "")
     kwargs: dict[str, Any] = {}
     inst_name = d.get("name", name)
     if name is not None and "name" in d and d["name"] != name:
         problems.append(f"name: {_cut(repr(d['name']))} differs from the instance's key {_cut(repr(name))}")
     if not isinstance(inst_name, str) or not NAME_RE.fullmatch(inst_name):
-        problems.append(f"name: {_cut(repr(inst_name))} must be 1-64 letters, digits, '-' or '_' "
+        problems.append(f"name: {_cut(repr(inst_name))} must be {schema.name_rule['rule']} "
                         "(it becomes part of the systemd unit name)")
     kwargs["name"] = inst_name
-    if "model" not in d:
-        problems.append("model: required (a Hugging Face repo id or a local directory)")
-    kwargs.update(_convert(d, KEYS, "", problems))
-    spec = d.get("speculative")
-    try:
-        spec = _speculative(spec)
-    except ValueError as e:
-        problems.append(f"speculative: must be {e} (got {_brief(spec)})")
-        spec = {}
-    if isinstance(spec, dict):
-        problems += _unknown(spec, SPECULATIVE_KEYS, "speculative.")
-        spec = Speculative(**_convert(spec, SPECULATIVE_KEYS, "speculative.", problems))
-    kwargs["speculative"] = spec
+    problems += [f"{s.key}: required ({s.entry['required']})" for s in schema.top()
+                 if s.required and s.name not in d]
+    kwargs.update(_convert(d, keys, "", problems))
+    for group in schema.groups:
+        kwargs[group] = _group(d, group, schema, problems)
     if not problems:
-        problems += _rules(kwargs)
+        problems += _rules(kwargs, schema)
     return problems, kwargs
 
 
-def _rules(kw: dict) -> list[str]:
+def _rules(kw: dict, schema: settings_schema.Schema) -> list[str]:
     """Rules within one instance (written once; the module runs them at build time)."""
     out = []
     spec: Speculative = kw["speculative"]
@@ -351,33 +328,36 @@ def _rules(kw: dict) -> list[str]:
                        "which every user can read; put the token in a file and set hfTokenFile")
     if gpus and "CUDA_VISIBLE_DEVICES" in env:
         out.append("environment.CUDA_VISIBLE_DEVICES: conflicts with gpus; set the GPUs with gpus only")
+    owners = schema.mapped_flags()
     for arg in kw.get("extra_args", ()):
         flag = arg.split("=", 1)[0]
-        if flag in MAPPED_FLAGS:
-            out.append(f"extraArgs: {flag} is set by the option {MAPPED_FLAGS[flag]}; use that option")
+        if flag in owners:
+            out.append(f"extraArgs: {flag} is set by the option {owners[flag]}; use that option")
     return out
 
 
-def from_dict(d: Any, name: str | None = None, origin: str = "settings") -> InstanceConfig:
+def from_dict(d: Any, name: str | None = None, origin: str = "settings",
+              schema: settings_schema.Schema = SCHEMA) -> InstanceConfig:
     """One instance from its JSON object; raises DflashError(CONFIG) listing every problem."""
-    problems, kwargs = problems_of(d, name)
+    problems, kwargs = problems_of(d, name, schema)
     if problems:
         who = kwargs.get("name") or name or "?"
         raise DflashError(f"invalid settings for instance {who!r} in {origin}",
                           f"{len(problems)} problem(s)\n  - " + "\n  - ".join(problems),
                           "correct the settings above (keys as in services.dflash.instances.<name>; "
                           "docs/service.md lists them)", CONFIG)
-    return InstanceConfig(**kwargs)
+    return dataclasses_of(schema)[0](**kwargs)
 
 
-def to_dict(cfg: InstanceConfig) -> dict:
+def to_dict(cfg: InstanceConfig, schema: settings_schema.Schema = SCHEMA) -> dict:
     """The settings JSON of `cfg` with every key set: what from_dict reads back as `cfg`, and the
     module's settings file for the same options."""
     def plain(v):
         return list(v) if isinstance(v, tuple) else v
-    spec = {key: getattr(cfg.speculative, attr) for key, (attr, _) in SPECULATIVE_KEYS.items()}
-    return {"name": cfg.name, "speculative": spec,
-            **{key: plain(getattr(cfg, attr)) for key, (attr, _) in KEYS.items()}}
+    groups = {g: {key: plain(getattr(getattr(cfg, g), attr)) for key, (attr, _) in keys_of(schema, g).items()}
+              for g in schema.groups}
+    return {"name": cfg.name, **groups,
+            **{key: plain(getattr(cfg, attr)) for key, (attr, _) in keys_of(schema).items()}}
 
 
 def _brief(value) -> str:

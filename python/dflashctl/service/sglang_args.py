@@ -1,6 +1,7 @@
 """The one mapping from instance settings to SGLang's command line and environment.
 
-Nothing else (not the NixOS module, not the unit renderer) knows SGLang's flag names.
+Which flag each setting becomes is data (data/settings.json, "sglang"); this module applies it.
+Nothing else (not the NixOS module, not the unit renderer) turns settings into SGLang's argv.
 """
 
 from __future__ import annotations
@@ -11,88 +12,48 @@ import sys
 from typing import TYPE_CHECKING
 
 from dflashctl.host import jit_caches
+from dflashctl.service import settings_schema
 
-if TYPE_CHECKING:  # config imports MAPPED_FLAGS from here; the settings type is only annotated
+if TYPE_CHECKING:  # the settings type is only annotated
     from dflashctl.service.config import InstanceConfig
 
-# Flags this module sets, with the option that owns each (extraArgs may not repeat them).
-MAPPED_FLAGS = {
-    "--model-path": "model",
-    "--revision": "modelRevision",
-    "--speculative-draft-model-revision": "draftModelRevision",
-    "--host": "host",
-    "--port": "port",
-    "--tp-size": "tpSize",
-    "--tp": "tpSize",
-    "--grammar-backend": "grammarBackend",
-    "--constrained-json-disable-any-whitespace": "constrainedJsonDisableAnyWhitespace",
-    "--speculative-algorithm": "speculative.algorithm",
-    "--speculative-draft-model-path": "draftModel",
-    "--speculative-num-draft-tokens": "speculative.numDraftTokens",
-    "--speculative-dflash-block-size": "speculative.numDraftTokens",
-    "--speculative-ddtree-budget": "speculative.ddtreeBudget",
-    "--speculative-draft-attention-backend": "speculative.draftAttentionBackend",
-    "--attention-backend": "attentionBackend",
-    "--mem-fraction-static": "memFractionStatic",
-    "--context-length": "contextLength",
-    "--served-model-name": "servedModelName",
-    "--api-key": "apiKeyFile",
-    "--enable-metrics": "enableMetrics",
-    "--load-format": "loadFormat",
-    "--speculative-draft-load-format": "draftLoadFormat",
-    "--skip-tokenizer-init": "skipTokenizerInit",
-    "--cuda-graph-max-bs": "cudaGraphMaxBs",
-    "--sampling-backend": "samplingBackend",
-    "--disable-cuda-graph": "disableCudaGraph",
-}
+# Flags the settings set, with the setting that owns each (extraArgs may not repeat them); the
+# flag names and how each value maps are data/settings.json's "sglang".
+MAPPED_FLAGS = settings_schema.load().mapped_flags()
 
 API_KEY_PLACEHOLDER = "<apiKeyFile>"
 
 
-def build_argv(cfg: InstanceConfig, python: str = sys.executable, api_key: str | None = None) -> list[str]:
-    """[python, "-m", "sglang.launch_server", ...] for this instance.
+def _value(cfg, setting: settings_schema.Setting):
+    holder = cfg if setting.group is None else getattr(cfg, setting.group)
+    return getattr(holder, setting.attr)
+
+
+def _words(kind: str, flag: str | None, value, api_key: str | None) -> list[str]:
+    """The argv words of one setting's value, by its schema's `map`."""
+    if kind == "append":
+        return list(value)
+    if value is None or value is False:
+        return []
+    if kind == "switch":
+        return [flag]
+    if kind == "credential":  # the file's text, read by serve from the systemd credential
+        return [flag, api_key if api_key is not None else API_KEY_PLACEHOLDER]
+    return [flag, str(value)]
+
+
+def build_argv(cfg: InstanceConfig, python: str = sys.executable, api_key: str | None = None,
+               schema: settings_schema.Schema | None = None) -> list[str]:
+    """[python, "-m", "sglang.launch_server", ...] for this instance, in the schema's order.
 
     `api_key` is the key's text (read by serve from the systemd credential); without it a
     placeholder stands in, so the argv can be shown without revealing the key.
     """
-    spec = cfg.speculative
-    argv = [python, "-m", "sglang.launch_server",
-            "--model-path", cfg.model,
-            "--host", cfg.host,
-            "--port", str(cfg.port),
-            "--tp-size", str(cfg.tp_size),
-            "--grammar-backend", cfg.grammar_backend]
-
-    def opt(flag: str, value) -> None:
-        if value is not None:
-            argv.extend([flag, str(value)])
-
-    def switch(flag: str, on: bool) -> None:
-        if on:
-            argv.append(flag)
-
-    opt("--speculative-algorithm", spec.algorithm)
-    opt("--revision", cfg.model_revision)
-    opt("--speculative-draft-model-path", cfg.draft_model)
-    opt("--speculative-draft-model-revision", cfg.draft_model_revision)
-    opt("--speculative-num-draft-tokens", spec.num_draft_tokens)
-    opt("--speculative-ddtree-budget", spec.ddtree_budget)
-    opt("--speculative-draft-attention-backend", spec.draft_attention_backend)
-    opt("--speculative-draft-load-format", cfg.draft_load_format)
-    opt("--attention-backend", cfg.attention_backend)
-    opt("--mem-fraction-static", cfg.mem_fraction_static)
-    opt("--context-length", cfg.context_length)
-    opt("--served-model-name", cfg.served_model_name)
-    opt("--load-format", cfg.load_format)
-    opt("--sampling-backend", cfg.sampling_backend)
-    opt("--cuda-graph-max-bs", cfg.cuda_graph_max_bs)
-    switch("--constrained-json-disable-any-whitespace", cfg.constrained_json_disable_any_whitespace)
-    switch("--skip-tokenizer-init", cfg.skip_tokenizer_init)
-    switch("--disable-cuda-graph", cfg.disable_cuda_graph)
-    switch("--enable-metrics", cfg.enable_metrics)
-    if cfg.api_key_file is not None:
-        argv.extend(["--api-key", api_key if api_key is not None else API_KEY_PLACEHOLDER])
-    argv.extend(cfg.extra_args)
+    argv = [python, "-m", "sglang.launch_server"]
+    for setting in (schema or settings_schema.load()).settings:
+        sg = setting.sglang
+        if sg is not None:
+            argv += _words(sg["map"], sg.get("flag"), _value(cfg, setting), api_key)
     return argv
 
 

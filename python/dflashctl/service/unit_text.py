@@ -1,7 +1,9 @@
 """Values that reach a systemd unit: refused, or escaped by systemd's own rules.
 
 One place for what systemd does to a value, used by `dflashctl unit` and mirrored by
-nix/lib/unit-text.nix for the NixOS module (tests/test_unit_text.py checks both agree):
+nix/lib/unit-text.nix for the NixOS module (tests/test_unit_text.py checks both agree). The
+refusals' rules and texts (which code points, which path components, where a cache may live) are
+data in service-unit.json, read by both; the escaping below is systemd's own syntax:
 
 - Control characters (newline, NUL, ...) end a unit line or a C string: refused in every setting
   (config.py calls `control_problem` on every string), since no quoting survives a newline.
@@ -42,7 +44,13 @@ def warning_texts() -> dict:
     return json.loads(_read("warnings.json"))
 
 
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+def _control_class() -> re.Pattern:
+    """The refused code points of service-unit.json's "controlCharacters" as one character class."""
+    ranges = unit_data()["controlCharacters"]["ranges"]
+    return re.compile("[" + "".join(f"\\x{lo:02x}-\\x{hi:02x}" for lo, hi in ranges) + "]")
+
+
+CONTROL = _control_class()
 PLAIN_WORD = re.compile(r"^[A-Za-z0-9/_.:+=@,%-]+$")
 UNSAFE_EXEC = ('"', "'", "\\", "$")  # in this order in messages, as in Nix
 
@@ -52,8 +60,7 @@ def control_problem(value: str) -> str | None:
     found = CONTROL.findall(value)
     if not found:
         return None
-    return (f"contains the control character U+{ord(min(found)):04X} (a newline, tab, NUL or similar "
-            "would end or corrupt a line of the systemd unit); remove it")
+    return fill(unit_data()["controlCharacters"]["problem"], code=f"{ord(min(found)):04X}")
 
 
 def specifiers(value: str) -> str:
@@ -102,17 +109,17 @@ def command_line(argv: list[str]) -> str:
 
 
 def fill(template: str, **values: str) -> str:
-    """A data-file template ({name}, {model}, ...) filled with plain replacement, as Nix does."""
-    for k, v in values.items():
-        template = template.replace("{" + k + "}", v)
-    return template
+    """A data-file template ({name}, {model}, ...) filled in one pass, as Nix's replaceStrings does
+    (a value holding "{rel}" stays as it is)."""
+    if not values:
+        return template
+    keys = re.compile("|".join(re.escape("{" + k + "}") for k in values))
+    return keys.sub(lambda m: values[m.group(0)[1:-1]], template)
 
 
-# --- cacheDir --------------------------------------------------------------------------------------
-# Where the model cache may live, from service-unit.json's "cacheDir" (the module reads it too).
-
-PLAIN_RELATIVE = re.compile(r"^[A-Za-z0-9_+@-][A-Za-z0-9._+@-]*(/[A-Za-z0-9_+@-][A-Za-z0-9._+@-]*)*$")
-
+# --- paths and cacheDir ----------------------------------------------------------------------------
+# What a unit may reference and where the model cache may live: service-unit.json's "paths",
+# "hidden" and "cacheDir" hold the rules and their texts (nix/lib/unit-text.nix reads the same).
 
 def hidden_map(hidden: dict | None = None) -> dict[str, str]:
     """prefix -> the directive hiding it (service-unit.json's "hidden", without its comment)."""
@@ -121,15 +128,16 @@ def hidden_map(hidden: dict | None = None) -> dict[str, str]:
 
 
 def _components_problem(path: str) -> str | None:
-    if not path.startswith("/") or any(p in (".", "..") for p in path.split("/")) or "//" in path:
-        return "must be an absolute path without '.', '..' or '//' components"
+    rules = unit_data()["paths"]
+    if not path.startswith("/") or "//" in path or any(p in rules["badComponents"] for p in path.split("/")):
+        return rules["componentsProblem"]
     return None
 
 
-def _hidden_by(path: str, hidden: dict) -> str | None:
+def _hidden_by(path: str, hidden: dict | None) -> str | None:
     for prefix, directive in sorted(hidden_map(hidden).items()):
         if path == prefix or path.startswith(prefix + "/"):
-            return f"{path} is hidden from the service by {directive}"
+            return fill(unit_data()["paths"]["hiddenProblem"], path=path, directive=directive)
     return None
 
 
@@ -140,21 +148,27 @@ def unit_path_problem(path: str, hidden: dict | None = None) -> str | None:
     return _components_problem(path) or _hidden_by(path, hidden)
 
 
+def _owned_by(path: str, rules: dict) -> tuple[str, str, str] | None:
+    """(prefix, directive, the path below it) where systemd creates and owns `path`, or None."""
+    for prefix, directive in sorted(rules["systemdOwned"].items()):
+        if path.startswith(prefix):
+            return prefix, directive, path[len(prefix):].rstrip("/")
+    return None
+
+
 def cache_dir_problem(path: str, rules: dict, hidden: dict | None = None) -> str | None:
-    """Why `path` cannot be an instance's cacheDir whoever runs it, or None."""
+    """Why `path` cannot be an instance's cacheDir whoever runs it, or None (`rules`:
+    service-unit.json's "cacheDir")."""
     bad = _components_problem(path)
     if bad:
         return bad
     bad = _hidden_by(path, hidden)
     if bad:
-        return (f"{bad}; use a directory under /var/cache (systemd creates and owns it), or one like "
-                "/srv/hf with a static user")
-    for prefix, directive in sorted(rules["systemdOwned"].items()):
-        if path.startswith(prefix):
-            rel = path[len(prefix):].rstrip("/")
-            if not PLAIN_RELATIVE.match(rel):
-                return (f"{path}: below {prefix} it becomes {directive}={rel}, which takes plain names "
-                        "only (letters, digits, '.', '_', '-', '+', '@', '/')")
+        return fill(rules["hiddenProblem"], problem=bad)
+    owned = _owned_by(path, rules)
+    if owned and not re.fullmatch(rules["plainRelative"], owned[2]):
+        prefix, directive, rel = owned
+        return fill(rules["notPlainProblem"], path=path, prefix=prefix, directive=directive, rel=rel)
     return None
 
 
@@ -168,15 +182,12 @@ def cache_dir_directives(path: str | None, rules: dict, static_user: bool) -> di
     """
     if path is None:
         return {}
-    for prefix, directive in sorted(rules["systemdOwned"].items()):
-        if path.startswith(prefix):
-            return {directive: path[len(prefix):].rstrip("/"), directive + "Mode": rules["mode"]}
+    owned = _owned_by(path, rules)
+    if owned:
+        _, directive, rel = owned
+        return {directive: rel, directive + "Mode": rules["mode"]}
     if not static_user:
-        raise ValueError(
-            f"{path} is outside /var/cache and /var/lib, so under DynamicUser nothing can own it; "
-            "put it under /var/cache (e.g. /var/cache/hf, created by systemd for the service), or "
-            "run the instance as a static user (NixOS: the instance's user option; systemd-tmpfiles "
-            "then creates it for that user)")
+        raise ValueError(fill(rules["needsUserProblem"], path=path))
     return {"ReadWritePaths": path_word(path)}
 
 

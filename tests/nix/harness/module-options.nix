@@ -1,31 +1,8 @@
 # The option declarations of nix/module.nix, read without nixpkgs: the module is called with a
-# `lib` of our own whose mkOption and types only record what they are given (no merging, no type
-# checks; those are NixOS's and run in tier 2). tests/test_unit_nix.py compares the defaults and
-# choices with dflashctl's settings schema.
+# `lib` of our own (recording-lib.nix) whose mkOption and types only record what they are given.
+# tests/test_unit_nix.py compares the defaults and choices with dflashctl's settings schema.
 let
-  type = name: extra: { inherit name; } // extra;
-  lib = {
-    mkOption = decl: decl;
-    mkPackageOption = _: name: _: { default = "<package ${name}>"; };
-    literalExpression = text: { literal = text; };
-    types = {
-      str = type "str" { };
-      bool = type "bool" { };
-      package = type "package" { };
-      port = type "port" { };
-      ints.positive = type "positive" { };
-      ints.unsigned = type "unsigned" { };
-      numbers.between = lo: hi: type "between" { inherit lo hi; };
-      numbers.positive = type "positiveNumber" { };
-      strMatching = pattern: type "strMatching" { inherit pattern; };
-      enum = values: type "enum" { inherit values; };
-      nullOr = t: type "nullOr" { of = t; };
-      listOf = t: type "listOf" { of = t; };
-      attrsOf = t: type "attrsOf" { of = t; };
-      submodule = m: type "submodule" { module = m; };
-      addCheck = t: _: t;
-    };
-  };
+  lib = import ./recording-lib.nix;
   module = import ../../../nix/module.nix {
     inherit lib;
     config = throw "the option declarations must not read the configuration";

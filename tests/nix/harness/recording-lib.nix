@@ -1,0 +1,27 @@
+# A `lib` of our own for reading option declarations without nixpkgs: mkOption and the types only
+# record what they are given (no merging, no type checks; those are NixOS's and run in tier 2).
+let
+  type = name: extra: { inherit name; } // extra;
+in
+{
+  mkOption = decl: decl;
+  mkPackageOption = _: name: _: { default = "<package ${name}>"; };
+  literalExpression = text: { literal = text; };
+  types = {
+    str = type "str" { };
+    bool = type "bool" { };
+    package = type "package" { };
+    port = type "port" { };
+    ints.positive = type "positive" { };
+    ints.unsigned = type "unsigned" { };
+    numbers.between = lo: hi: type "between" { inherit lo hi; };
+    numbers.positive = type "positiveNumber" { };
+    strMatching = pattern: type "strMatching" { inherit pattern; };
+    enum = values: type "enum" { inherit values; };
+    nullOr = t: type "nullOr" { of = t; };
+    listOf = t: type "listOf" { of = t; };
+    attrsOf = t: type "attrsOf" { of = t; };
+    submodule = m: type "submodule" { module = m; };
+    addCheck = t: _: t;
+  };
+}
