@@ -73,59 +73,10 @@ def arch_version(arch: str) -> str:
     return f"{int(major)}.{int(minor)}"
 
 
-# What the build child runs (python -c SOURCE CALLS_JSON ARCH): standard library, torch, SGLang.
-CHILD = r'''
-import contextlib, importlib, json, os, sys, time
-from concurrent.futures import ThreadPoolExecutor
-calls, arch = json.loads(sys.argv[1]), sys.argv[2]
-major, minor = (int(x) for x in arch.split("."))
-os.environ["TVM_FFI_CUDA_ARCH_LIST"] = arch  # SGLang sets the same value around each build
-try:
-    import torch
-    def value(a):
-        return getattr(torch, a[6:]) if isinstance(a, str) and a.startswith("torch.") else a
-except ImportError:  # the tests' stand-in loaders need no torch
-    def value(a):
-        return a
-try:
-    from sglang.jit_kernel.utils import override_jit_cuda_arch
-    context = override_jit_cuda_arch(major, minor)
-except ImportError:
-    context = contextlib.nullcontext()
-
-def build(call):
-    module, function, args = call
-    start = time.monotonic()
-    try:
-        built = getattr(importlib.import_module(module), function)(*[value(a) for a in args])
-        ok = built is not False  # the can_use_* loaders answer False when SGLang could not build
-        return {"call": call, "ok": ok, "seconds": round(time.monotonic() - start, 2),
-                **({} if ok else {"error": "SGLang could not build it (its log says why)"})}
-    except Exception as e:
-        return {"call": call, "ok": False, "error": f"{type(e).__name__}: {str(e)[:2000]}",
-                "seconds": round(time.monotonic() - start, 2)}
-
-with context:
-    with ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
-        results = list(pool.map(build, calls))
-print(json.dumps(results), flush=True)
-'''
-
-
-# flashinfer's RMSNorm module, built ahead (python -c SOURCE ARCHS OUT): flashinfer's own JIT spec,
-# compiled by its own ninja into a scratch workspace, then copied where its AOT loader looks.
-FLASHINFER_CHILD = r'''
-import json, os, shutil, sys
-from importlib.metadata import version
-os.environ["FLASHINFER_CUDA_ARCH_LIST"] = sys.argv[1]
-from flashinfer.jit.norm import gen_norm_module
-spec = gen_norm_module()
-spec.build(verbose=False)
-dest = os.path.join(sys.argv[2], "flashinfer-aot", spec.name)
-os.makedirs(dest, exist_ok=True)
-shutil.copyfile(spec.jit_library_path, os.path.join(dest, spec.name + ".so"))
-print(json.dumps({"module": spec.name, "flashinfer": version("flashinfer-python")}), flush=True)
-'''
+# The children, real modules run as `python -c SOURCE ...` in the stack's interpreter (jit_child.py,
+# flashinfer_norm_child.py say how): the interpreter needs no dflashctl.
+JIT_CHILD = Path(__file__).with_name("jit_child.py").read_text()
+FLASHINFER_CHILD = Path(__file__).with_name("flashinfer_norm_child.py").read_text()
 FLASHINFER_AOT = "flashinfer-aot"
 
 
@@ -288,11 +239,11 @@ def build(python: str, out: Path, archs: list[str], calls: list[list], env: dict
         with tempfile.TemporaryDirectory(prefix="dflash-kernels-") as staging:
             child_env["TVM_FFI_CACHE_DIR"] = staging  # tvm-ffi's own builds; the hook copies the .so out
             started = time.monotonic()
-            p = subprocess.run([python, "-c", CHILD, json.dumps(calls), arch], env=child_env,
+            p = subprocess.run([python, "-c", JIT_CHILD, "build", json.dumps(calls), arch], env=child_env,
                                capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         try:
-            results = json.loads(p.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
+            results = json.loads(p.stdout.strip().splitlines()[-1])["calls"]
+        except (ValueError, IndexError, KeyError, TypeError):
             raise DflashError(f"the kernel build for {arch} exited with status {p.returncode}",
                               "its output ends with:\n" + "\n".join(p.stderr.strip().splitlines()[-15:]),
                               f"check that {python} has SGLang and tvm-ffi and that nvcc and c++ work", FAILED)
