@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dflashctl import cli_help, inputs, output
 from dflashctl.errors import CONFIG, FAILED, INPUT, USAGE, DflashError
-from dflashctl.host import cuda_home, jit_caches, probes, triton_kernels
+from dflashctl.host import cuda_home, jit_caches, probes, sglang_0_5_11, triton_kernels
 from dflashctl.host.kernel_hook import dflash_kernel_hook as hook
 
 HOOK_DIR = Path(hook.__file__).resolve().parent
@@ -39,26 +39,8 @@ ORACLE_TARGET = {**SMOKE_TARGET, "num_key_value_heads": 16}
 SMOKE_TARGETS = {"smoke's oracle target": ORACLE_TARGET, "smoke's synthetic target": SMOKE_TARGET}
 
 
-def calls_for(config: dict) -> list[list]:
-    """SGLang 0.5.11's JIT module loaders that a Qwen3-style model calls, with its shapes
-    (jit_kernel/norm.py, rope.py, kvcache.py, activation.py, clamp_position.py,
-    resolve_future_token_ids.py: on the H200's fresh start the last one was built just before the
-    first decode, ~7 s on the critical path, when the prewarm lacked it)."""
-    heads = config.get("num_attention_heads") or 1
-    head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads)
-    kv_heads = config.get("num_key_value_heads") or heads
-    dtype = "torch." + {"float16": "float16", "half": "float16", "float32": "float32"}.get(
-        str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"), "bfloat16")
-    row_bytes = kv_heads * head_dim * (4 if dtype == "torch.float32" else 2)
-    return [
-        ["sglang.jit_kernel.norm", "can_use_fused_inplace_qknorm", [head_dim, dtype]],
-        ["sglang.jit_kernel.rope", "_jit_fused_rope_module", [True, head_dim, dtype]],
-        ["sglang.jit_kernel.kvcache", "can_use_store_cache", [row_bytes]],
-        ["sglang.jit_kernel.activation", "_jit_activation_module", [dtype]],
-        ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int64"]],
-        ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int32"]],
-        ["sglang.jit_kernel.resolve_future_token_ids", "_jit_resolve_future_token_ids_module", ["torch.int64"]],
-    ]
+# SGLang's JIT module loaders a model calls, with its shapes (host/sglang_0_5_11.py)
+calls_for = sglang_0_5_11.jit_calls
 
 
 def arch_version(arch: str) -> str:

@@ -19,7 +19,8 @@ import sys
 import time
 import traceback
 
-# What SGLang 0.5.11 imports from each grammar backend at start-up (srt/constrained/*_backend.py).
+# What SGLang 0.5.11 imports from each grammar backend at start-up (srt/constrained/*_backend.py);
+# the rest of dflashctl reads it as host/sglang_0_5_11.GRAMMAR_IMPORTS (this file runs alone).
 GRAMMAR_NAMES = {
     "xgrammar": {"xgrammar": ["CompiledGrammar", "GrammarCompiler", "GrammarMatcher", "StructuralTag",
                               "StructuralTagItem", "TokenizerInfo", "allocate_token_bitmask"]},

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from dflashctl import inputs
 from dflashctl.errors import CONFIG, FAILED, DflashError
-from dflashctl.host import cuda_home
+from dflashctl.host import cuda_home, sglang_0_5_11
 from dflashctl.host.kernel_hook import dflash_kernel_hook as hook
 
 SUBDIR = hook.TRITON_SUBDIR
@@ -37,17 +37,7 @@ MANAGER = "dflash_triton_cache:PrebuiltFirst"  # kernel_hook/dflash_triton_cache
 DATA = Path(__file__).resolve().parent / "data"
 SMOKE_RECORDS = "triton-smoke-sm{arch}.jsonl"  # recorded by the default smoke on a GPU of that arch
 
-# SGLang 0.5.11's kernels in the smoke's recording whose specialisation is chosen from the GPU, not
-# from the model: another arch's recording says nothing about them (read from its source).
-# get_num_kv_splits_triton is not here: it takes the SM count as an i32, specialised only when it
-# is 1 or a multiple of 16 (132 on the H200, 148 on a B200, 188 on an RTX PRO 6000: none is).
-GPU_BOUND = {
-    ("sglang.srt.layers.attention.triton_ops.extend_attention", "_fwd_kernel"):
-        "BLOCK_M and BLOCK_N are chosen per compute capability (_get_block_sizes_for_extend_attention: "
-        "128x64 on sm90, 64x64 on sm100, 64x128 on sm120 for head_dim <= 128)",
-    ("sglang.srt.constrained.triton_ops.bitmask_ops", "apply_token_bitmask_inplace_kernel"):
-        "NUM_SMS is a constexpr: the GPU's SM count (132 on the H200)",
-}
+GPU_BOUND = sglang_0_5_11.TRITON_GPU_BOUND  # kernels specialised from the GPU: not carried to another arch
 
 # The child, a real module run as `python -c SOURCE RECORDS_JSON STUB_DIR WITH_CUDA_UTILS` in the stack's
 # interpreter (triton_build_child.py says how).

@@ -16,12 +16,13 @@ from typing import Any
 from dflashctl import inputs
 from dflashctl.errors import CONFIG, DflashError
 from dflashctl.host import hub_cache
-from dflashctl.service import unit_text
+from dflashctl.host import sglang_0_5_11 as host_sglang
+from dflashctl.service import sglang_0_5_11, unit_text
 from dflashctl.service.sglang_args import MAPPED_FLAGS  # the mapping owns the flag names
 
 ALGORITHMS = ("DFLASH", "DDTREE", "EAGLE3")
 NEEDS_DRAFT = ("DFLASH", "DDTREE", "EAGLE3")
-GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines", "none")
+GRAMMAR_BACKENDS = host_sglang.GRAMMAR_BACKEND_CHOICES
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # always fullmatch: `$` would let "a\n" pass
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Every text value reaches the unit file or SGLang's argv: systemd refuses unit lines over 1 MiB
@@ -178,9 +179,7 @@ def _extra_args(v):
     return tuple(v)
 
 
-# SGLang 0.5.11 checks port + 10000 (its gRPC port, unless SGLANG_GRPC_PORT is set) <= 65535 at start.
-GRPC_PORT_OFFSET = 10000
-MAX_PORT = 65535 - GRPC_PORT_OFFSET
+GRPC_PORT_OFFSET, MAX_PORT = sglang_0_5_11.GRPC_PORT_OFFSET, sglang_0_5_11.MAX_PORT  # port + 10000 <= 65535
 
 SPECULATIVE_KEYS = {
     "algorithm": ("algorithm", _opt(_choice(*ALGORITHMS))),
@@ -341,7 +340,7 @@ def _rules(kw: dict) -> list[str]:
                    f"list {tp} GPUs or lower tpSize")
     env = kw.get("environment", {})
     port = kw.get("port", InstanceConfig.port)
-    if port > MAX_PORT and "SGLANG_GRPC_PORT" not in env:
+    if port > MAX_PORT and sglang_0_5_11.GRPC_PORT_ENV not in env:
         out.append(f"port: {port} is above {MAX_PORT}: SGLang 0.5.11 derives its gRPC port as port + "
                    f"{GRPC_PORT_OFFSET} and refuses to start past 65535; choose a port <= {MAX_PORT} "
                    "or set environment.SGLANG_GRPC_PORT")
