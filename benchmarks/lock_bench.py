@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
 
-from dflashctl import lockfile, resolver, spec as specmod  # noqa: E402
+from dflashctl.lock import lockfile, resolver, spec as specmod  # noqa: E402
 
 
 def timed(cmd, **kw) -> float:

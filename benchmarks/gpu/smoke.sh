@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The default `dflashctl smoke` on a fresh GPU machine, timed phase by phase.
 #
-# Run from the repository root after `source .gpu/setup.sh` (locked wheels in /tmp/site on
+# Run from the repository root; the script sets the stack up (common.sh: locked wheels in /tmp/site on
 # PYTHONPATH), e.g. through the device tool with carry [".gpu"]:
-#     source .gpu/setup.sh && bash benchmarks/gpu/smoke.sh
+#     bash benchmarks/gpu/smoke.sh
 #
 # A: the default smoke (oracle pair: baseline, DFLASH, DFLASH-poisoned [+ DDTREE], the grammar server;
 #    pass --pair random for the random-weight pair these results were first taken with), fresh Triton cache.
@@ -17,6 +17,8 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/smoke-out}
 mkdir -p "$OUT"
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 BUDGET=${SMOKE_BUDGET:-520}

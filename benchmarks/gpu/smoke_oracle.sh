@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The default `dflashctl smoke` (oracle pair) on a fresh GPU machine, then `--pair broken`.
 #
-# Run from the repository root with the locked wheels on PYTHONPATH (gpu-payload's setup.sh) and
+# Run from the repository root; the script puts the locked wheels on PYTHONPATH (common.sh) and
 # this checkout's python/ first, e.g. through the device tool:
-#     source .gpu/setup.sh && bash benchmarks/gpu/smoke_oracle.sh
+#     bash benchmarks/gpu/smoke_oracle.sh
 # CODE (default: the repository root) is where python/dflashctl is taken from.
 #
 # 1. the default smoke: baseline, DFLASH (oracle drafter), DFLASH-poisoned, the grammar server;
@@ -16,6 +16,8 @@ set -uo pipefail
 OUT=${OUT:-$PWD/smoke-out}
 CODE=${CODE:-$PWD}
 mkdir -p "$OUT"
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH="$CODE/python${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 BUDGET=${SMOKE_BUDGET:-420}
