@@ -45,6 +45,23 @@ router_setup() {
   mkdir -p "$ROUTER_SITE" && xz -d -T4 <"$tar" | tar -x -C "$ROUTER_SITE" && touch "$ROUTER_SITE/.unpacked"
 }
 
+# machine_facts DIST...: a summary's head: the GPU(s), $PY's version and each distribution's, the
+# CPU count.
+machine_facts() {
+  echo "== machine"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free --format=csv,noheader 2>&1
+  "$PY" - "$@" <<'PYEOF' 2>&1
+import importlib.metadata as m, sys
+print("python", sys.version.split()[0])
+for d in sys.argv[1:]:
+    try:
+        print(d, m.version(d))
+    except m.PackageNotFoundError:
+        print(d, "absent")
+PYEOF
+  echo "CPU cores: $(nproc)"
+}
+
 # What a spawned SGLang scheduler child imports (SGLang's HTTP server and scheduler), timed:
 # `$PY -c "$SCHEDULER_IMPORTS"` prints the seconds it took.
 SCHEDULER_IMPORTS='import time; t = time.monotonic()

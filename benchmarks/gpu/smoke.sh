@@ -58,18 +58,7 @@ run_smoke() {  # $1 label, $2 seconds, then smoke arguments
 }
 
 {
-  echo "== machine"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
-  "$PY" - <<'PYEOF' 2>&1
-import importlib.metadata as m, sys
-print("python", sys.version.split()[0])
-for d in ("sglang", "sglang-kernel", "torch", "triton", "xgrammar", "transformers", "flashinfer-python"):
-    try:
-        print(d, m.version(d))
-    except m.PackageNotFoundError:
-        print(d, "absent")
-PYEOF
-  echo "CPU cores: $(nproc)"
+  machine_facts sglang sglang-kernel torch triton xgrammar transformers flashinfer-python
   echo "== timeline (seconds since the script started)"
 } >"$summary"
 

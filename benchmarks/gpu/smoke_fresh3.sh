@@ -30,9 +30,7 @@ LOGS_TAR=$OUT/logs.tar.gz
 rm -rf "$RUNS_DIR"
 mkdir -p "$RUNS_DIR"
 {
-  echo "== machine"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
-  echo "CPU cores: $(nproc)"
+  machine_facts sglang sglang-kernel torch triton
   echo "== timeline (seconds since the script started)"
 } >"$summary"
 

@@ -27,17 +27,7 @@ work=/tmp/smoke-$L
 rm -rf "$work" "/tmp/smoke-$L-rec"
 
 {
-  echo "== machine"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
-  "$PY" - <<'PYEOF' 2>&1
-import importlib.metadata as m, sys
-print("python", sys.version.split()[0])
-for d in ("sglang", "xgrammar", "transformers", "tokenizers", "openai", "torch"):
-    try:
-        print(d, m.version(d))
-    except m.PackageNotFoundError:
-        print(d, "ABSENT")
-PYEOF
+  machine_facts sglang xgrammar transformers tokenizers openai torch
   echo "== synthetic tokenizer, built twice (the same sha256 here, on the dev machine and in tests)"
   for i in 1 2; do
     "$PY" -c 'import sys, json; from dflashctl.smoke import tokenizer

@@ -27,18 +27,7 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 stamp() { printf '%5ss  %s\n' "$(( $(date +%s) - T0 ))" "$*" | tee -a "$summary"; }
 
 {
-  echo "== machine"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free --format=csv,noheader 2>&1
-  "$PY" - <<'PYEOF' 2>&1
-import importlib.metadata as m, sys
-print("python", sys.version.split()[0])
-for d in ("sglang", "sglang-kernel", "torch", "triton", "xgrammar", "transformers"):
-    try:
-        print(d, m.version(d))
-    except m.PackageNotFoundError:
-        print(d, "absent")
-PYEOF
-  echo "CPU cores: $(nproc)"
+  machine_facts sglang sglang-kernel torch triton xgrammar transformers
 } >"$summary"
 
 run_smoke() {  # $1 label, $2 seconds, then smoke arguments
