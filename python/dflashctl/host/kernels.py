@@ -1,6 +1,6 @@
 """`dflashctl kernels build|status`: SGLang's JIT kernels compiled ahead, without a GPU, and used read-only.
 
-`build` runs SGLang's own module loaders (the calls below, with each model's shapes) in the stack's
+`build` runs SGLang's own module loaders (`calls_for`, with each model's shapes) in the stack's
 interpreter once per CUDA arch, with no GPU visible and `override_jit_cuda_arch` naming the arch;
 kernel_hook/dflash_kernel_hook.py copies every module tvm-ffi builds into `--out` under tvm-ffi's
 own key, with the headers' digest and the arch list. `index.json` there says which calls were built

@@ -4,9 +4,9 @@ inside their first CUDA-graph capture.
 On a fresh host SGLang 0.5.11 compiles its tvm-ffi kernels (sglang.jit_kernel: QK-norm, RoPE,
 KV-cache store, activation, ...) with nvcc at their first call, which comes during the first
 CUDA-graph capture: one module after another, about 50 s on the H200 (docs/benchmarks.md), after
-about 20 s of imports. This child of the stack's Python calls SGLang's own module loaders with
-the shapes the servers will use, all at once on separate threads (nvcc runs as a subprocess), in
-the servers' environment, so it builds the same modules into the same cache directories. tvm-ffi
+about 20 s of imports. This child of the stack's Python (host/jit_child.py) calls SGLang's own
+module loaders with the shapes the servers will use, all at once on separate threads (nvcc runs as
+a subprocess), in the servers' environment, so it builds the same modules into the same cache directories. tvm-ffi
 locks each module's build directory: a server that reaches a kernel still being built waits for
 it instead of compiling it again, and finds the rest built. Nothing here is required: a failed
 or mistaken call only costs CPU time, and the server compiles what it needs as before.

@@ -1,8 +1,9 @@
 """Where a server's start-up time goes, from SGLang's own log and from the JIT caches.
 
-SGLang 0.5.11 logs `[YYYY-mm-dd HH:MM:SS(.mmm)( TP0…)] message` (smoke/sglang_0_5_11.py); smoke starts its servers with
-SGLANG_LOG_MS=1, so the stamps carry milliseconds. The lines that mark the phases (their text
-is in srt/entrypoints/engine.py, srt/model_executor/model_runner.py, srt/entrypoints/http_server.py):
+SGLang 0.5.11 logs `[YYYY-mm-dd HH:MM:SS(.mmm)( TP0…)] message`; smoke starts its servers with
+SGLANG_LOG_MS=1, so the stamps carry milliseconds. The lines that mark the phases (their text is
+in srt/entrypoints/engine.py, srt/model_executor/model_runner.py, srt/entrypoints/http_server.py;
+the patterns are smoke/sglang_0_5_11.py's):
 
     server_args=ServerArgs(…)                   the main process has imported SGLang
     Init torch distributed begin.               the scheduler process has imported and starts the model
