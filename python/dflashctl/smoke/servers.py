@@ -105,7 +105,10 @@ def instance_settings(a, spec: RunSpec, port: int, launch: str, fraction: float 
     the memory fraction the launch plan chose (memory_plan), else the flag's or the default."""
     synthetic_pair = spec.synthetic
     d: dict = {"name": f"smoke-{spec.run.lower()}", "model": spec.target, "host": "127.0.0.1", "port": port,
-               "allowSharedGpus": True, "startTimeoutSec": int(a.start_timeout)}
+               "allowSharedGpus": True, "startTimeoutSec": int(a.start_timeout),
+               # smoke's figures are measured as they always were, without SGLang's metrics (what the
+               # service's default costs is benchmarks/gpu/metrics_cost.sh's measurement)
+               "enableMetrics": False}
     mem = a.mem_fraction_static if a.mem_fraction_static is not None else fraction
     if mem is None and synthetic_pair:
         mem = 0.25 if launch == "together" else 0.5
