@@ -9,6 +9,7 @@
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SITE=${SITE:-/tmp/site}                # the stack's locked wheels, unpacked once a machine
 ROUTER_SITE=${ROUTER_SITE:-/tmp/router-site}
+ROUTER_PAYLOAD=${ROUTER_PAYLOAD:-$PWD/.gpu-router/router.tar.xz}  # router_setup's tar
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 T0=${T0:-$(ms)}
 BUDGET=${BUDGET:-540}
@@ -36,13 +37,12 @@ stack_setup() {
 }
 
 # router_setup: sglang-router's package (the wheel nix/router-lock.json pins, unpacked and packed as
-# $ROUTER_PAYLOAD/router.tar.xz, default .gpu-router; benchmarks/README.md) into $ROUTER_SITE, once a
+# $ROUTER_PAYLOAD, default .gpu-router/router.tar.xz; benchmarks/README.md) into $ROUTER_SITE, once a
 # machine. It does not fit one transfer beside the stack's payload: a second call on the same machine.
 router_setup() {
   [ -f "$ROUTER_SITE/.unpacked" ] && return 0
-  local tar=${ROUTER_PAYLOAD:-$PWD/.gpu-router}/router.tar.xz
-  [ -f "$tar" ] || { say "no $ROUTER_SITE and no $tar: carry the router's payload to this call"; return 3; }
-  mkdir -p "$ROUTER_SITE" && xz -d -T4 <"$tar" | tar -x -C "$ROUTER_SITE" && touch "$ROUTER_SITE/.unpacked"
+  [ -f "$ROUTER_PAYLOAD" ] || { say "no $ROUTER_SITE and no $ROUTER_PAYLOAD: carry the router's payload to this call"; return 3; }
+  mkdir -p "$ROUTER_SITE" && xz -d -T4 <"$ROUTER_PAYLOAD" | tar -x -C "$ROUTER_SITE" && touch "$ROUTER_SITE/.unpacked"
 }
 
 # machine_facts DIST...: a summary's head: the GPU(s), $PY's version and each distribution's, the
