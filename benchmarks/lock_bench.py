@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
 
-from dflashctl import lockfile, resolver, spec as specmod  # noqa: E402
+from dflashctl.lock import lockfile, resolver, spec as specmod  # noqa: E402
 
 
 def timed(cmd, **kw) -> float:
@@ -73,10 +73,17 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     if args.append:
-        when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        rows = "\n".join(f"| {s} | {v['packages']} | {v['download_bytes']:,} B ({v['download_bytes'] / 2**30:.2f} GiB) |"
-                         for s, v in result["systems"].items())
-        section = f"""
+        with open(args.append, "a") as f:
+            f.write(markdown(args, result))
+        print(f"appended to {args.append}", file=sys.stderr)
+
+
+def markdown(args, result: dict) -> str:
+    """The section `--append` adds to docs/benchmarks.md."""
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    rows = "\n".join(f"| {s} | {v['packages']} | {v['download_bytes']:,} B ({v['download_bytes'] / 2**30:.2f} GiB) |"
+                     for s, v in result["systems"].items())
+    section = f"""
 ## dflashctl lock
 
 `python benchmarks/lock_bench.py --runs {args.runs}` on {when}, {platform.machine()}, {os.cpu_count()} CPUs,
@@ -96,9 +103,7 @@ Total download size from the lock:
 |---|---|---|
 {rows}
 """
-        with open(args.append, "a") as f:
-            f.write(section)
-        print(f"appended to {args.append}", file=sys.stderr)
+    return section
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import pytest
 
 from dflashctl import errors
 from dflashctl.host import gpus, probes
-from dflashctl.service import config, gpu_claim
+from dflashctl.service import config, gpu_claim, sglang_0_5_11
 from test_serve import NEVER, serve  # noqa: F401 - the fixture
 
 DATA = Path(__file__).parent / "data"
@@ -74,7 +74,7 @@ def test_nvml_is_read_through_the_library_path_it_is_given(fake_nvml, holder, mo
 def test_a_missing_library_is_a_finding_not_a_crash():
     r = probes.run_probe(sys.executable, "gpus", "/nonexistent/libnvidia-ml.so.1")
     assert not r["ok"] and "cannot open shared object file" in r["error"]
-    check = gpus.check_claim(r, [0], 0.5, "memFractionStatic 0.5")
+    check = gpu_claim.check_claim(r, [0], 0.5, "memFractionStatic 0.5")
     assert check.status == "warn" and check.summary.startswith("GPU memory not checked")
 
 
@@ -143,7 +143,7 @@ def test_memory_no_listed_process_accounts_for_is_named():
     """In a container NVML lists no processes of other containers, yet their memory is used."""
     busy = snapshot(BUSY)
     busy["facts"]["gpus"][0]["processes"] = []
-    check = gpus.check_claim(busy, [0], 0.5, "memFractionStatic 0.5")
+    check = gpu_claim.check_claim(busy, [0], 0.5, "memFractionStatic 0.5")
     assert check.exit_code == errors.PREFLIGHT_GPU_BUSY
     # all 124113 MiB used on the GPU: the holder's 123490 and the driver's own
     assert check.summary.endswith("held by processes NVML does not list here (another container or VM?): "
@@ -172,14 +172,14 @@ def test_a_small_claim_next_to_the_holder_is_refused_by_sglangs_rule():
     """SGLang 0.5.11's pool is free - (1 - f) x total: 0.1 next to a 120 GiB holder leaves it below
     zero, so SGLang would stop with "Not enough memory" after loading the weights. Without
     allowSharedGpus no fraction fits both rules there; with it, the smallest one that SGLang fits."""
-    check = gpus.check_claim(snapshot(BUSY), [0], 0.1, "memFractionStatic 0.1")
+    check = gpu_claim.check_claim(snapshot(BUSY), [0], 0.1, "memFractionStatic 0.1")
     assert (check.status, check.exit_code) == ("fail", errors.PREFLIGHT_GPU_BUSY), check
     assert check.summary.startswith(
         "GPU 0 (NVIDIA H200): 19.2 GiB free of 140.4 GiB; SGLang's pool for weights and KV cache would be "
         "19.2 GiB free - (1 - 0.1) x 140.4 GiB = -107.2 GiB (memFractionStatic 0.1), so SGLang would stop "
         'with "Not enough memory"; held by pid 1968 python3')
     assert check.fix.startswith("no memFractionStatic fits on this GPU now")
-    shared = gpus.check_claim(snapshot(BUSY), [0], 0.1, "memFractionStatic 0.1", shared=True)
+    shared = gpu_claim.check_claim(snapshot(BUSY), [0], 0.1, "memFractionStatic 0.1", shared=True)
     assert shared.exit_code == errors.PREFLIGHT_GPU_BUSY
     assert shared.fix.startswith("set memFractionStatic to at least 0.87 plus the weights' share")
 
@@ -187,7 +187,7 @@ def test_a_small_claim_next_to_the_holder_is_refused_by_sglangs_rule():
 def test_a_shared_claim_that_fits_next_to_the_holder_is_a_warning():
     """The holder only held memory (0 % utilization): with allowSharedGpus, 0.9 leaves SGLang 5.2 GiB
     (19.2 GiB free - 0.1 x 140.4 GiB) and runs, with a warning naming the process it shares the GPU with."""
-    check = gpus.check_claim(snapshot(BUSY), [0], 0.9, "memFractionStatic 0.9", shared=True)
+    check = gpu_claim.check_claim(snapshot(BUSY), [0], 0.9, "memFractionStatic 0.9", shared=True)
     assert (check.status, check.exit_code) == ("warn", 0), check
     assert check.summary == ("GPU 0 (NVIDIA H200): 19.2 GiB free of 140.4 GiB, SGLang claims 5.2 GiB "
                              "(memFractionStatic 0.9); GPU 0 is 0 % busy: pid 1968 python3 (120.6 GiB)")
@@ -210,19 +210,19 @@ def after_first_instance(fraction: float) -> dict:
     (0.5, 0.5, False),
 ])
 def test_two_instances_on_one_gpu_follow_sglangs_rule(first, second, fits):
-    check = gpus.check_claim(after_first_instance(first), [0], second, f"memFractionStatic {second:g}",
+    check = gpu_claim.check_claim(after_first_instance(first), [0], second, f"memFractionStatic {second:g}",
                              shared=True)
     assert (check.exit_code == 0) == fits, check
     if not fits:
         assert '"Not enough memory"' in check.summary and "sglang::scheduler" in check.summary
         least = float(check.fix.split("at least ")[1].split()[0])
         mem = after_first_instance(first)["facts"]["gpus"][0]["memory_mib"]
-        assert gpus.sglang_pool_mib(mem["free"], mem["total"], least) > 0
-        assert gpus.sglang_pool_mib(mem["free"], mem["total"], least - 0.01) <= 0
+        assert sglang_0_5_11.pool_mib(mem["free"], mem["total"], least) > 0
+        assert sglang_0_5_11.pool_mib(mem["free"], mem["total"], least - 0.01) <= 0
 
 
 def test_a_gpu_the_host_lacks_is_a_settings_error():
-    check = gpus.check_claim(snapshot(IDLE), [0, 3], 0.5, "memFractionStatic 0.5")
+    check = gpu_claim.check_claim(snapshot(IDLE), [0, 3], 0.5, "memFractionStatic 0.5")
     assert (check.status, check.exit_code) == ("fail", errors.CONFIG)
     assert check.summary == "GPU 3 not found: NVML sees 1 GPU(s) (0)"
 
@@ -233,7 +233,7 @@ def test_the_claim_is_memfractionstatic_or_sglangs_default():
     assert gpu_claim.claimed_fraction(cfg, idle, [0]) == (0.5, "memFractionStatic 0.5")
     # SGLang 0.5.11 on 143771 MiB: reserves 512 + 8192 x 1.5 + 256 x 2 + 128 + 58 piecewise graphs x 8
     # = 13904 MiB (>= 10 GiB), plus 4 GiB for a draft model with DFLASH.
-    assert gpus.piecewise_graph_tokens(8192) == 58
+    assert sglang_0_5_11.piecewise_graph_tokens(8192) == 58
     plain = config.from_dict({"name": "a", "model": "m"})
     assert gpu_claim.claimed_fraction(plain, idle, [0])[0] == round((143771 - 13904) / 143771, 3) == 0.903
     dflash = config.from_dict({"name": "a", "model": "m", "draftModel": "d", "speculative": {"algorithm": "DFLASH"}})

@@ -170,3 +170,12 @@ def test_the_table_is_rewritten_in_place(tmp_path, capsys):
     assert settings_schema.main([str(doc)]) == 1
     assert settings_schema.TABLE_START in capsys.readouterr().err
     assert doc.read_text() == "# no table here\n"
+
+
+def test_the_grammar_backend_choices_are_those_sglang_accepts():
+    """settings.json offers the option's choices; host/sglang_0_5_11 holds what 0.5.11's
+    --grammar-backend accepts (and what the probe checks): an offered choice SGLang refuses would
+    pass validate and fail at start."""
+    from dflashctl.host import sglang_0_5_11
+    offered = settings_schema.load().setting("grammarBackend").entry["choices"]
+    assert set(offered) <= set(sglang_0_5_11.GRAMMAR_BACKEND_CHOICES), offered

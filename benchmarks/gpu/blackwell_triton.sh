@@ -4,14 +4,15 @@
 # builds them (host/triton_kernels.py `carry`), then what its index says for each arch. Needs the
 # stack's interpreter (torch, Triton 3.6.0 and SGLang importable) and gcc, not a GPU: any machine
 # with the payload, the H200 device included (CPU only, about 30 s per arch on 16 cores).
-#     source .gpu/setup.sh && bash benchmarks/gpu/blackwell_triton.sh [sm120 [sm100]]
+#     bash benchmarks/gpu/blackwell_triton.sh [sm120 [sm100]]
 # Writes into $OUT: blackwell-triton.txt (the build's lines and the status of each arch),
 # blackwell-triton-index.json (the prebuilt directory's index.json).
 set -uo pipefail
 OUT=${OUT:-$PWD/blackwell-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-SITE=${SITE:-/tmp/site}
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH=$PWD/python:$SITE PYTHONUNBUFFERED=1
 archs=("$@")
 [ ${#archs[@]} -gt 0 ] || archs=(sm120 sm100)

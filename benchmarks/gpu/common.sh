@@ -1,8 +1,15 @@
-# Shared by the GPU evidence scripts (source it): a clock since the script started, lines stamped
-# with it into $summary, the seconds left of $BUDGET, the payload unpacked, the scheduler's imports
-# timed, and (fresh_smoke) one default smoke as a first start on a fresh host. Before sourcing set: summary (the file stamped lines go to), and
-# for fresh_smoke also OUT, RUNS_DIR, PY and LOGS_TAR (the tar of every run's logs, rewritten
-# after each run, so a run cut short by the device's limit loses nothing before it).
+# Shared by every GPU script (source it first: `source "$(dirname "$0")/common.sh"`; benchmarks/README.md
+# says how to run them). The set-up: stack_setup unpacks the stack's payload and puts it on
+# PYTHONPATH (benchmarks/gpu/setup.sh does that alone, for a command of your own); router_setup does
+# the same for the router's. Then a clock since the script started, lines stamped with it into
+# $summary, the seconds left of $BUDGET, the scheduler's imports timed, and (fresh_smoke) one default
+# smoke as a first start on a fresh host. Before stamp, set summary (the file stamped lines go to);
+# for fresh_smoke also OUT, RUNS_DIR, PY and LOGS_TAR (the tar of every run's logs, rewritten after
+# each run, so a run cut short by the device's limit loses nothing before it).
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+SITE=${SITE:-/tmp/site}                # the stack's locked wheels, unpacked once a machine
+ROUTER_SITE=${ROUTER_SITE:-/tmp/router-site}
+ROUTER_PAYLOAD=${ROUTER_PAYLOAD:-$PWD/.gpu-router/router.tar.xz}  # router_setup's tar
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 T0=${T0:-$(ms)}
 BUDGET=${BUDGET:-540}
@@ -10,11 +17,49 @@ secs_since() { local d=$(( $(ms) - $1 )); printf '%d.%01d' $((d / 1000)) $((d % 
 stamp() { printf '%7ss  %s\n' "$(secs_since "$T0")" "$*" | tee -a "$summary"; }
 left() { echo $(( BUDGET - ($(ms) - T0) / 1000 )); }
 
-# unpack_payload D: the locked wheels of D/payload.tar.xz (gpu-payload) into /tmp/site, once a machine.
+# say TEXT: stamped when there is a summary file, else on stderr.
+say() { if [ -n "${summary:-}" ]; then stamp "$*"; else echo "$*" >&2; fi; }
+
+# unpack_payload D: the locked wheels of D/payload.tar.xz (the gpu-payload tool, benchmarks/README.md)
+# into $SITE, once a machine: a later call on the same warm machine finds them there.
 unpack_payload() {
-  [ -f /tmp/site/.unpacked ] && return 0
-  [ -f "$1/payload.tar.xz" ] || { stamp "no /tmp/site and no $1/payload.tar.xz: carry the payload to this call"; exit 3; }
-  mkdir -p /tmp/site && xz -d -T8 <"$1/payload.tar.xz" | tar -x -C /tmp/site && touch /tmp/site/.unpacked
+  [ -f "$SITE/.unpacked" ] && return 0
+  [ -f "$1/payload.tar.xz" ] || { say "no $SITE and no $1/payload.tar.xz: carry the payload to this call"; return 3; }
+  mkdir -p "$SITE" && xz -d -T8 <"$1/payload.tar.xz" | tar -x -C "$SITE" && touch "$SITE/.unpacked"
+}
+
+# stack_setup: the payload of $PAYLOAD_DIR (default .gpu) unpacked, $SITE on PYTHONPATH (each script
+# puts this tree's python/ in front itself), no hub access, unbuffered Python.
+stack_setup() {
+  unpack_payload "${PAYLOAD_DIR:-$PWD/.gpu}" || return $?
+  export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} ;; esac
+}
+
+# router_setup: sglang-router's package (the wheel nix/router-lock.json pins, unpacked and packed as
+# $ROUTER_PAYLOAD, default .gpu-router/router.tar.xz; benchmarks/README.md) into $ROUTER_SITE, once a
+# machine. It does not fit one transfer beside the stack's payload: a second call on the same machine.
+router_setup() {
+  [ -f "$ROUTER_SITE/.unpacked" ] && return 0
+  [ -f "$ROUTER_PAYLOAD" ] || { say "no $ROUTER_SITE and no $ROUTER_PAYLOAD: carry the router's payload to this call"; return 3; }
+  mkdir -p "$ROUTER_SITE" && xz -d -T4 <"$ROUTER_PAYLOAD" | tar -x -C "$ROUTER_SITE" && touch "$ROUTER_SITE/.unpacked"
+}
+
+# machine_facts DIST...: a summary's head: the GPU(s), $PY's version and each distribution's, the
+# CPU count.
+machine_facts() {
+  echo "== machine"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free --format=csv,noheader 2>&1
+  "$PY" - "$@" <<'PYEOF' 2>&1
+import importlib.metadata as m, sys
+print("python", sys.version.split()[0])
+for d in sys.argv[1:]:
+    try:
+        print(d, m.version(d))
+    except m.PackageNotFoundError:
+        print(d, "absent")
+PYEOF
+  echo "CPU cores: $(nproc)"
 }
 
 # What a spawned SGLang scheduler child imports (SGLang's HTTP server and scheduler), timed:

@@ -2,12 +2,13 @@
 # doctor on the lent H200, twice: in the pinned stack, then with one deliberately wrong package
 # (xgrammar 0.1.10 in front of PYTHONPATH), and a diff of the two fingerprints. Writes into $OUT:
 # good.json/.txt, wrong.json/.txt, diff.txt/.json, times.txt.
-# Local steps first: ../shared/tools/gpu-payload PINS; benchmarks/gpu/prepare_wrong_xgrammar.sh.
+# Local steps first: the payload (benchmarks/README.md); benchmarks/gpu/prepare_wrong_xgrammar.sh.
 # Device command (carry .gpu):  bash benchmarks/gpu/doctor.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/doctor-out}; mkdir -p "$OUT"
-source .gpu/setup.sh
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH=$PWD/python:$PYTHONPATH  # dflashctl itself, standard library + packaging
 lock=nix/python-lock.json
 table() { python3 -c 'import sys; from dflashctl.host import doctor, fingerprint; sys.stdout.write(doctor.render(fingerprint.load(sys.argv[1])))' "$1"; }

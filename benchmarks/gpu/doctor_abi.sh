@@ -10,13 +10,14 @@
 # when this torch lacks it, else the other build's `...EiPKcS2_ib`). Python loads it RTLD_NOW, so
 # the dynamic loader refuses it exactly as on the story's host.
 #
-# Device command (carry .gpu; after ../shared/tools/gpu-payload PINS): bash benchmarks/gpu/doctor_abi.sh
+# Device command (carry .gpu, the payload: benchmarks/README.md): bash benchmarks/gpu/doctor_abi.sh
 # Writes into $OUT: good.json, abi.json, abi.txt (doctor's table), diff.txt, diff.json, serve.txt,
 # evidence.txt. About 30 s (three doctor/preflight runs of ~7 s each).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/doctor-abi-out}; mkdir -p "$OUT"
-source .gpu/setup.sh
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH=$PWD/python:$PYTHONPATH  # dflashctl itself
 lock=nix/python-lock.json
 work=$(mktemp -d); front=$work/front

@@ -14,7 +14,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/driver-discovery-out}; mkdir -p "$OUT"
-source .gpu/setup.sh
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH=$PWD/python:$PYTHONPATH  # dflashctl itself
 EMU=$PWD/benchmarks/gpu/nix_loader_emulation.sh
 

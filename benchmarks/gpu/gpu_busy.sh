@@ -12,7 +12,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-busy-out}; mkdir -p "$OUT"
-source .gpu/setup.sh
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH=$PWD/python:$PYTHONPATH
 summary=$OUT/gpu-busy-summary.txt; : >"$summary"
 say() { echo "$*" | tee -a "$summary"; }

@@ -22,7 +22,7 @@ BUDGET=${BUDGET:-150}
 summary="$OUT/summary.txt"
 : >"$summary"
 source "$(dirname "$0")/common.sh"
-unpack_payload "$D"
+unpack_payload "$D" || exit 3
 export PYTHONPATH=$PWD/python:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 stamp "gpu health: $(nproc) cores, $gpus GPU(s): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"

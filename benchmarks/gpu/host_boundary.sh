@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The host-boundary evidence in one device call (issues 14 and 15), from the repo root:
-#   source .gpu/setup.sh && bash benchmarks/gpu/host_boundary.sh
+#   bash benchmarks/gpu/host_boundary.sh
 #   1. driver_discovery.sh: the loader made as blind as a Nix-built Python's, before/after discovery
 #   2. doctor_abi.sh: an sgl_kernel built for another torch in front of the stack (demangled symbol)
 #   3. gpu_busy.sh: another process holding the GPU; NVML recorded for the tests
@@ -9,6 +9,8 @@
 # summary to stdout.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source benchmarks/gpu/common.sh
+stack_setup || exit 3
 OUT=${OUT:-/tmp/host-boundary-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 parts=/tmp/host-boundary-parts; rm -rf "$parts"; mkdir -p "$parts"

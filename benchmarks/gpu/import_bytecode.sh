@@ -29,7 +29,7 @@ summary="$OUT/summary.txt"
 LOGS_TAR=$OUT/logs-bytecode.tar.gz
 source "$(dirname "$0")/common.sh"
 rm -rf "$RUNS_DIR"; mkdir -p "$RUNS_DIR"
-unpack_payload "$D"
+unpack_payload "$D" || exit 3
 export PYTHONPATH=$D/python:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 SYSTEM_SITE=$($PY -c "import importlib.util, os; print(os.path.dirname(os.path.dirname(importlib.util.find_spec('torch').origin)))")
 stamp "bytecode: $(nproc) cores; environment: $(env | grep -E '^PYTHON' | grep -v '^PYTHONPATH' | tr '\n' ' ')"

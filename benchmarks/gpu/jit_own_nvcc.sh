@@ -3,11 +3,13 @@
 # default smoke with CUDA_HOME/CUDA_PATH unset, every */cuda* directory off PATH and a fresh HOME
 # (empty JIT caches), so dflashctl's cuda_home.provide must build CUDA_HOME from
 # site-packages/nvidia/cu13 and nvcc must compile SGLang's tvm-ffi kernels from there.
-# Needs the locked wheels unpacked at /tmp/site (gpu-payload's setup.sh, an earlier call on the same
-# warm machine) and the CUDA compiler wheels (nvidia-cuda-nvcc, -crt, -runtime, -cccl, nvidia-nvvm;
+# Needs the locked wheels unpacked at /tmp/site (common.sh's stack_setup, from .gpu or an earlier call on
+# the same warm machine) and the CUDA compiler wheels (nvidia-cuda-nvcc, -crt, -runtime, -cccl, nvidia-nvvm;
 # libnvvm.so dropped, unused by nvcc) as .cuda/cuda.tar.xz. Writes summary.txt and smoke.json to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/jit-out}; mkdir -p "$OUT"
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 mkdir -p /tmp/cuda && xz -d -T4 <.cuda/cuda.tar.xz | tar -x -C /tmp/cuda
 chmod +x /tmp/cuda/nvidia/cu13/bin/* /tmp/cuda/nvidia/cu13/nvvm/bin/*  # as pip sets them; zip extraction does not
 # Hide the host's toolkit too (tvm-ffi falls back to /usr/local/cuda when CUDA_HOME is unset).

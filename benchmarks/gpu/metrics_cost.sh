@@ -35,14 +35,11 @@ BUDGET=${METRICS_BUDGET:-120}
 summary="$OUT/summary.txt"
 : >"$summary"
 source "$(dirname "$0")/common.sh"
-unpack_payload "$D"
+unpack_payload "$D" || exit 3
 stamp "payload: /tmp/site unpacked; $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>&1 | head -1)"
 
-router_site=/tmp/router-site
-ROUTER_PAYLOAD=${ROUTER_PAYLOAD:-$PWD/.gpu-router/router.tar.xz}
-if ! [ -f "$router_site/.unpacked" ] && [ -f "$ROUTER_PAYLOAD" ]; then
-  mkdir -p "$router_site" && xz -d -T4 <"$ROUTER_PAYLOAD" | tar -x -C "$router_site" && touch "$router_site/.unpacked"
-fi
+router_site=$ROUTER_SITE
+[ -f "$ROUTER_PAYLOAD" ] && router_setup  # optional here: without it, status and the cost without the router
 export PYTHONPATH=$PWD/python:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 router_arg=()
 if [ -f "$router_site/.unpacked" ]; then

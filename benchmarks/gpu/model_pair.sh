@@ -25,7 +25,7 @@ summary="$OUT/summary.txt"
 LOGS_TAR=$OUT/logs-model-pair.tar.gz
 source "$(dirname "$0")/common.sh"
 rm -rf "$RUNS_DIR"; mkdir -p "$RUNS_DIR"
-unpack_payload "$D"
+unpack_payload "$D" || exit 3
 export PYTHONPATH=$PWD/python:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 stamp "model pair: $(nproc) cores, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
 

@@ -11,10 +11,10 @@
 # session. The stack's payload (.gpu) and the router's (.gpu-router, see benchmarks/gpu/rollout.sh
 # for how to make it) do not fit one transfer, so calls on one warm machine, one part per call
 # (each within the 10-minute limit; PART_BUDGET, default 560 s):
-#   1. carry [".gpu"]:         source .gpu/setup.sh
-#   2. carry [".gpu-router"]:  source .gpu/setup.sh && bash benchmarks/gpu/multi_gpu.sh router
-#   3. (same machine)           source .gpu/setup.sh && bash benchmarks/gpu/multi_gpu.sh rolling
-#   4. (same machine)           source .gpu/setup.sh && bash benchmarks/gpu/multi_gpu.sh all
+#   1. carry [".gpu"]:         source benchmarks/gpu/setup.sh
+#   2. carry [".gpu-router"]:  bash benchmarks/gpu/multi_gpu.sh router
+#   3. (same machine)           bash benchmarks/gpu/multi_gpu.sh rolling
+#   4. (same machine)           bash benchmarks/gpu/multi_gpu.sh all
 # Expected per part on 8 GPUs: byte code 15 s (first call only), the N instances started together
 # 60-120 s, then router: 90 s of load with the kill at 20 s; rolling: about 40 s per instance;
 # all: one restart of everything (about 60-90 s).
@@ -30,14 +30,9 @@ BUDGET=${PART_BUDGET:-560}
 summary="$OUT/summary.txt"
 PY=${PYTHON:-python3}
 source "$(dirname "$0")/common.sh"
-SITE=${SITE:-/tmp/site}
 WORK=${WORK:-/tmp/i36-multi}
-ROUTER_SITE=${ROUTER_SITE:-/tmp/router-site}
-[ -f "$SITE/.unpacked" ] || { stamp "no $SITE: source .gpu/setup.sh first (see the header)"; exit 3; }
-if [ ! -f "$ROUTER_SITE/.unpacked" ]; then
-  [ -f .gpu-router/router.tar.xz ] || { stamp "no $ROUTER_SITE and no .gpu-router/router.tar.xz: carry it"; exit 3; }
-  mkdir -p "$ROUTER_SITE" && xz -d -T4 <.gpu-router/router.tar.xz | tar -x -C "$ROUTER_SITE" && touch "$ROUTER_SITE/.unpacked"
-fi
+stack_setup || exit 3
+router_setup || exit 3
 export PYTHONPATH=$PWD/python:$SITE:$ROUTER_SITE PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 N=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 CLIENTS=${CLIENTS:-$((4 * N))}

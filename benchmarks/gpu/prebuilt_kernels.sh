@@ -34,7 +34,7 @@ summary="$OUT/summary.txt"
 LOGS_TAR=$OUT/logs-$phase.tar.gz
 source "$(dirname "$0")/common.sh"
 
-unpack_payload "$D"
+unpack_payload "$D" || exit 3
 if [ "$phase" = cute ] && [ ! -f /tmp/site/.cute ]; then
   xz -d -T8 <"$D/cute.tar.xz" | tar -x -C /tmp/site && touch /tmp/site/.cute
 fi

@@ -7,8 +7,8 @@
 # The stack's payload (.gpu) and the router's (.gpu-router: the sglang_router package of the wheel
 # nix/router-lock.json pins, unpacked) do not fit one transfer, so two calls on one warm machine
 # (it keeps /tmp for ~30 s between them):
-#   1. carry [".gpu"]:         source .gpu/setup.sh   (or any script of that call)
-#   2. carry [".gpu-router"]:  source .gpu/setup.sh && bash benchmarks/gpu/rollout.sh
+#   1. carry [".gpu"]:         source benchmarks/gpu/setup.sh   (or any script of that call)
+#   2. carry [".gpu-router"]:  bash benchmarks/gpu/rollout.sh
 # Make .gpu-router with:  mkdir -p .gpu-router /tmp/rs && (cd /tmp/rs && unzip -q WHEEL) &&
 #                         tar -C /tmp/rs -cf - . | xz -T2 -9 > .gpu-router/router.tar.xz
 #
@@ -20,10 +20,9 @@
 # rollout-h200-logs.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/rollout-out}; mkdir -p "$OUT/metrics"
-[ -f /tmp/site/.unpacked ] || { echo "no /tmp/site: source .gpu/setup.sh first (see the header)"; exit 1; }
-mkdir -p /tmp/router-site
-[ -f /tmp/router-site/.unpacked ] || { xz -d -T4 < .gpu-router/router.tar.xz | tar -x -C /tmp/router-site \
-  && touch /tmp/router-site/.unpacked; }
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 1
+router_setup || exit 1
 export PYTHONPATH=$PWD/python:/tmp/router-site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 work=$(mktemp -d)
 python3 - "$work" <<'PY'

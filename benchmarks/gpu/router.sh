@@ -5,8 +5,8 @@
 # The stack's payload (.gpu, ~60 MiB) and the router's (.gpu-router, ~18 MiB: the sglang_router
 # package unpacked from the wheel nix/router-lock.json pins) do not fit one transfer, so two calls
 # on one warm machine (it keeps /tmp for ~30 s between them):
-#   1. carry [".gpu"]:         source .gpu/setup.sh
-#   2. carry [".gpu-router"]:  source .gpu/setup.sh && bash benchmarks/gpu/router.sh
+#   1. carry [".gpu"]:         source benchmarks/gpu/setup.sh
+#   2. carry [".gpu-router"]:  bash benchmarks/gpu/router.sh
 # Make .gpu-router with:  mkdir -p .gpu-router /tmp/rs && (cd /tmp/rs && unzip -q WHEEL) &&
 #                         tar -C /tmp/rs -cf - . | xz -T2 -9 > .gpu-router/router.tar.xz
 #
@@ -17,10 +17,9 @@
 # Writes into $OUT: router-h200.txt (table), router-h200.json, router-h200-logs.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/router-out}; mkdir -p "$OUT"
-[ -f /tmp/site/.unpacked ] || { echo "no /tmp/site: source .gpu/setup.sh first (see the header)"; exit 1; }
-mkdir -p /tmp/router-site
-[ -f /tmp/router-site/.unpacked ] || { xz -d -T4 < .gpu-router/router.tar.xz | tar -x -C /tmp/router-site \
-  && touch /tmp/router-site/.unpacked; }
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 1
+router_setup || exit 1
 export PYTHONPATH=$PWD/python:/tmp/router-site${PYTHONPATH:+:$PYTHONPATH}
 work=$(mktemp -d)
 python3 - "$work" <<'PY'

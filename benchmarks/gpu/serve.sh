@@ -4,10 +4,12 @@
 #            82 (PREFLIGHT_GRAMMAR) within seconds, before SGLang starts;
 #   served:  the synthetic DFLASH pair with grammarBackend xgrammar, a real NOTIFY_SOCKET: READY=1
 #            must come only after a real decode; a /generate must then decode; SIGTERM must stop it.
-# Run from the repo root after `source .gpu/setup.sh`; writes serve-*.txt/json into $OUT.
+# Run from the repo root (the script sets the stack up: benchmarks/README.md); writes serve-*.txt/json into $OUT.
 # SERVE_ONLY=1: the served instance alone (no prepared .gpu/wrong-xgrammar needed).
 set -uo pipefail
 OUT=${OUT:-/tmp/serve-out}; mkdir -p "$OUT"
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 work=$(mktemp -d)
 python3 - "$work" <<'PY'

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The default `dflashctl smoke` on a fresh GPU machine, timed phase by phase.
 #
-# Run from the repository root after `source .gpu/setup.sh` (locked wheels in /tmp/site on
+# Run from the repository root; the script sets the stack up (common.sh: locked wheels in /tmp/site on
 # PYTHONPATH), e.g. through the device tool with carry [".gpu"]:
-#     source .gpu/setup.sh && bash benchmarks/gpu/smoke.sh
+#     bash benchmarks/gpu/smoke.sh
 #
 # A: the default smoke (oracle pair: baseline, DFLASH, DFLASH-poisoned [+ DDTREE], the grammar server;
 #    pass --pair random for the random-weight pair these results were first taken with), fresh Triton cache.
@@ -17,6 +17,8 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/smoke-out}
 mkdir -p "$OUT"
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 BUDGET=${SMOKE_BUDGET:-520}
@@ -56,18 +58,7 @@ run_smoke() {  # $1 label, $2 seconds, then smoke arguments
 }
 
 {
-  echo "== machine"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
-  "$PY" - <<'PYEOF' 2>&1
-import importlib.metadata as m, sys
-print("python", sys.version.split()[0])
-for d in ("sglang", "sglang-kernel", "torch", "triton", "xgrammar", "transformers", "flashinfer-python"):
-    try:
-        print(d, m.version(d))
-    except m.PackageNotFoundError:
-        print(d, "absent")
-PYEOF
-  echo "CPU cores: $(nproc)"
+  machine_facts sglang sglang-kernel torch triton xgrammar transformers flashinfer-python
   echo "== timeline (seconds since the script started)"
 } >"$summary"
 

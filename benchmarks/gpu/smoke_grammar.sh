@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The default `dflashctl smoke` with its grammar phase, on a GPU machine: evidence for docs/gpu/.
 #
-# Run from the repository root after `source .gpu/setup.sh` (locked wheels in /tmp/site on
+# Run from the repository root; the script sets the stack up (common.sh: locked wheels in /tmp/site on
 # PYTHONPATH; the payload must hold openai and tokenizers, as the lock does), e.g. through the
 # device tool with carry [".gpu"]:
-#     source .gpu/setup.sh && bash benchmarks/gpu/smoke_grammar.sh
+#     bash benchmarks/gpu/smoke_grammar.sh
 # Extra arguments go to smoke, e.g. `... smoke_grammar.sh --runs baseline,DFLASH --launch sequential`.
 #   OUT=DIR              where the files go (default ./smoke-grammar-out)
 #   SMOKE_LABEL=NAME     file-name prefix, to run it twice into one $OUT (default grammar)
@@ -18,6 +18,8 @@ set -uo pipefail
 OUT=${OUT:-$PWD/smoke-grammar-out}
 L=${SMOKE_LABEL:-grammar}
 mkdir -p "$OUT"
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 summary="$OUT/$L-summary.txt"
@@ -25,17 +27,7 @@ work=/tmp/smoke-$L
 rm -rf "$work" "/tmp/smoke-$L-rec"
 
 {
-  echo "== machine"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
-  "$PY" - <<'PYEOF' 2>&1
-import importlib.metadata as m, sys
-print("python", sys.version.split()[0])
-for d in ("sglang", "xgrammar", "transformers", "tokenizers", "openai", "torch"):
-    try:
-        print(d, m.version(d))
-    except m.PackageNotFoundError:
-        print(d, "ABSENT")
-PYEOF
+  machine_facts sglang xgrammar transformers tokenizers openai torch
   echo "== synthetic tokenizer, built twice (the same sha256 here, on the dev machine and in tests)"
   for i in 1 2; do
     "$PY" -c 'import sys, json; from dflashctl.smoke import tokenizer

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The default `dflashctl smoke` (oracle pair) on a fresh GPU machine, then `--pair broken`.
 #
-# Run from the repository root with the locked wheels on PYTHONPATH (gpu-payload's setup.sh) and
+# Run from the repository root; the script puts the locked wheels on PYTHONPATH (common.sh) and
 # this checkout's python/ first, e.g. through the device tool:
-#     source .gpu/setup.sh && bash benchmarks/gpu/smoke_oracle.sh
+#     bash benchmarks/gpu/smoke_oracle.sh
 # CODE (default: the repository root) is where python/dflashctl is taken from.
 #
 # 1. the default smoke: baseline, DFLASH (oracle drafter), DFLASH-poisoned, the grammar server;
@@ -16,6 +16,8 @@ set -uo pipefail
 OUT=${OUT:-$PWD/smoke-out}
 CODE=${CODE:-$PWD}
 mkdir -p "$OUT"
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH="$CODE/python${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 BUDGET=${SMOKE_BUDGET:-420}
@@ -25,18 +27,7 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 stamp() { printf '%5ss  %s\n' "$(( $(date +%s) - T0 ))" "$*" | tee -a "$summary"; }
 
 {
-  echo "== machine"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free --format=csv,noheader 2>&1
-  "$PY" - <<'PYEOF' 2>&1
-import importlib.metadata as m, sys
-print("python", sys.version.split()[0])
-for d in ("sglang", "sglang-kernel", "torch", "triton", "xgrammar", "transformers"):
-    try:
-        print(d, m.version(d))
-    except m.PackageNotFoundError:
-        print(d, "absent")
-PYEOF
-  echo "CPU cores: $(nproc)"
+  machine_facts sglang sglang-kernel torch triton xgrammar transformers
 } >"$summary"
 
 run_smoke() {  # $1 label, $2 seconds, then smoke arguments

@@ -5,9 +5,11 @@
 #   cold         fresh Triton cache, fresh CUDA JIT cache (CUDA_CACHE_PATH)
 #   warm-cuda    fresh Triton cache, run 1's CUDA JIT cache
 #   warm-triton  run 1's Triton cache, fresh CUDA JIT cache
-# Run from the repo root after `source .gpu/setup.sh`; writes summary.txt and <run>.json into $OUT.
+# Run from the repo root (the script sets the stack up: benchmarks/README.md); writes summary.txt and <run>.json into $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/startup-out}; mkdir -p "$OUT"
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 run() {  # label, triton cache, CUDA JIT cache

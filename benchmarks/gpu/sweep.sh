@@ -5,9 +5,9 @@
 # every point), at 1, 2, 4, 8, 16, 32 and 64 requests in flight, 256 new tokens each, one round of
 # C requests per point (at least the 8 prompts once); no grammar server (it has no sweep).
 #
-# Device command, from the repository root, with the stack's payload carried as .gpu (gpu-payload;
+# Device command, from the repository root, with the stack's payload carried as .gpu (benchmarks/README.md;
 # it unpacks once per machine):
-#     source .gpu/setup.sh && bash benchmarks/gpu/sweep.sh
+#     bash benchmarks/gpu/sweep.sh
 # Expected: about 75-90 s after the payload is unpacked on a fresh H200 (byte code 12-15 s, servers
 # ready after 45-60 s, the sweep itself 10-15 s); hard stop at SWEEP_BUDGET (110) seconds. Faster
 # where an earlier script of the same call left byte code, warm JIT caches in $HOME or
@@ -38,7 +38,7 @@ PY=${PYTHON:-python3}
 source "$(dirname "$0")/common.sh"
 SITE=${SITE:-/tmp/site}
 WORK=${WORK:-/tmp/i36}
-[ -f "$SITE/.unpacked" ] || { stamp "no $SITE: source .gpu/setup.sh first (see the header)"; exit 3; }
+stack_setup || exit 3
 export PYTHONPATH=$PWD/python:$SITE PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 rm -rf "$WORK/sweep" "$WORK/sweep-logs"; mkdir -p "$WORK"
 POINTS=${SWEEP_POINTS:-1,2,4,8,16,32,64}

@@ -6,7 +6,7 @@
 # Needs two GPUs of one host: kind nvidia-h200-x2 (or larger; NVLink between them on an HGX host).
 # Not run yet: no multi-GPU machine was lent in issue 36's session. Device command, from the
 # repository root, with the stack's payload carried as .gpu:
-#     source .gpu/setup.sh && bash benchmarks/gpu/tp2.sh
+#     bash benchmarks/gpu/tp2.sh
 # About 4-6 min on a fresh machine (byte code, two smokes), within TP2_BUDGET (540) seconds.
 #
 #   1. the machine: nvidia-smi topo -m (NVLink or PCIe between GPU0 and GPU1), NCCL's version,
@@ -33,7 +33,7 @@ PY=${PYTHON:-python3}
 source "$(dirname "$0")/common.sh"
 SITE=${SITE:-/tmp/site}
 WORK=${WORK:-/tmp/i36-tp}
-[ -f "$SITE/.unpacked" ] || { stamp "no $SITE: source .gpu/setup.sh first (see the header)"; exit 3; }
+stack_setup || exit 3
 export PYTHONPATH=$PWD/python:$SITE PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 rm -rf "$WORK"; mkdir -p "$WORK"
 gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}  # GPUS: for a dry run without nvidia-smi

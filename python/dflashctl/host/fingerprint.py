@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 
 from dflashctl import __version__, inputs
 from dflashctl.errors import INPUT, DflashError
-from dflashctl.host import driver, gpu_health, gpus, kernels, probes
+from dflashctl.host import driver, gpu_health, gpus, kernels, probes, sglang_0_5_11
 from dflashctl.lock import locate, lockfile
 from dflashctl.systems import current_system
 
@@ -153,7 +153,8 @@ def doctor_checks(results: dict, lock: dict, python_version: str, python: str = 
                probes.check_torch(results["torch"], stack), probes.check_triton(results["triton"], stack),
                probes.check_sgl_kernel(results["sgl_kernel"], stack)]
     # xgrammar is SGLang's default backend; the others matter only to hosts that select them.
-    checks += [probes.check_grammar(b, results[f"grammar:{b}"], required=(b == "xgrammar"), stack=stack)
+    checks += [probes.check_grammar(b, results[f"grammar:{b}"], required=(b == sglang_0_5_11.DEFAULT_GRAMMAR_BACKEND),
+                                    stack=stack)
                for b in probes.GRAMMAR_BACKENDS]
     checks += [probes.check_flashinfer(results["flashinfer"]), probes.check_soundfile(results["soundfile"], stack),
                probes.check_transformers(results["transformers"], stack),

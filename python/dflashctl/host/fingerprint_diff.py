@@ -17,7 +17,7 @@ each with the majority's value and every host that differs, in the same group or
 import json
 
 from dflashctl import cli_help, errors, output
-from dflashctl.host import fingerprint, probes, symbols
+from dflashctl.host import fingerprint, probes, sglang_0_5_11, symbols
 
 FAILURE, HEALTH, ABI, SERVING, VERSION, OTHER = "failure", "gpu-health", "abi", "serving", "version", "other"
 GROUPS = (FAILURE, HEALTH, ABI, SERVING, VERSION, OTHER)
@@ -78,7 +78,7 @@ ABI_ITEMS = [
     ("driver CUDA version", lambda fp: dig(fp, facts("driver", "cuda"))),
     ("triton version (pinned by torch)", lambda fp: dig(fp, facts("triton", "version"))),
     *[(f"{b} names SGLang imports, missing", (lambda b: lambda fp: _missing(fp, b))(b))
-      for b in ("xgrammar", "llguidance", "outlines")],
+      for b in sglang_0_5_11.GRAMMAR_BACKENDS],
 ]
 OTHER_ITEMS = [
     ("glibc", lambda fp: dig(fp, "host.glibc")),

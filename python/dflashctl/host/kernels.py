@@ -1,6 +1,6 @@
 """`dflashctl kernels build|status`: SGLang's JIT kernels compiled ahead, without a GPU, and used read-only.
 
-`build` runs SGLang's own module loaders (the calls below, with each model's shapes) in the stack's
+`build` runs SGLang's own module loaders (`calls_for`, with each model's shapes) in the stack's
 interpreter once per CUDA arch, with no GPU visible and `override_jit_cuda_arch` naming the arch;
 kernel_hook/dflash_kernel_hook.py copies every module tvm-ffi builds into `--out` under tvm-ffi's
 own key, with the headers' digest and the arch list. `index.json` there says which calls were built
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dflashctl import cli_help, inputs, output
 from dflashctl.errors import CONFIG, FAILED, INPUT, USAGE, DflashError
-from dflashctl.host import cuda_home, jit_caches, probes, triton_kernels
+from dflashctl.host import cuda_home, jit_caches, probes, sglang_0_5_11, triton_kernels
 from dflashctl.host.kernel_hook import dflash_kernel_hook as hook
 
 HOOK_DIR = Path(hook.__file__).resolve().parent
@@ -39,26 +39,8 @@ ORACLE_TARGET = {**SMOKE_TARGET, "num_key_value_heads": 16}
 SMOKE_TARGETS = {"smoke's oracle target": ORACLE_TARGET, "smoke's synthetic target": SMOKE_TARGET}
 
 
-def calls_for(config: dict) -> list[list]:
-    """SGLang 0.5.11's JIT module loaders that a Qwen3-style model calls, with its shapes
-    (jit_kernel/norm.py, rope.py, kvcache.py, activation.py, clamp_position.py,
-    resolve_future_token_ids.py: on the H200's fresh start the last one was built just before the
-    first decode, ~7 s on the critical path, when the prewarm lacked it)."""
-    heads = config.get("num_attention_heads") or 1
-    head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads)
-    kv_heads = config.get("num_key_value_heads") or heads
-    dtype = "torch." + {"float16": "float16", "half": "float16", "float32": "float32"}.get(
-        str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"), "bfloat16")
-    row_bytes = kv_heads * head_dim * (4 if dtype == "torch.float32" else 2)
-    return [
-        ["sglang.jit_kernel.norm", "can_use_fused_inplace_qknorm", [head_dim, dtype]],
-        ["sglang.jit_kernel.rope", "_jit_fused_rope_module", [True, head_dim, dtype]],
-        ["sglang.jit_kernel.kvcache", "can_use_store_cache", [row_bytes]],
-        ["sglang.jit_kernel.activation", "_jit_activation_module", [dtype]],
-        ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int64"]],
-        ["sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ["torch.int32"]],
-        ["sglang.jit_kernel.resolve_future_token_ids", "_jit_resolve_future_token_ids_module", ["torch.int64"]],
-    ]
+# SGLang's JIT module loaders a model calls, with its shapes (host/sglang_0_5_11.py)
+calls_for = sglang_0_5_11.jit_calls
 
 
 def arch_version(arch: str) -> str:
@@ -73,59 +55,10 @@ def arch_version(arch: str) -> str:
     return f"{int(major)}.{int(minor)}"
 
 
-# What the build child runs (python -c SOURCE CALLS_JSON ARCH): standard library, torch, SGLang.
-CHILD = r'''
-import contextlib, importlib, json, os, sys, time
-from concurrent.futures import ThreadPoolExecutor
-calls, arch = json.loads(sys.argv[1]), sys.argv[2]
-major, minor = (int(x) for x in arch.split("."))
-os.environ["TVM_FFI_CUDA_ARCH_LIST"] = arch  # SGLang sets the same value around each build
-try:
-    import torch
-    def value(a):
-        return getattr(torch, a[6:]) if isinstance(a, str) and a.startswith("torch.") else a
-except ImportError:  # the tests' stand-in loaders need no torch
-    def value(a):
-        return a
-try:
-    from sglang.jit_kernel.utils import override_jit_cuda_arch
-    context = override_jit_cuda_arch(major, minor)
-except ImportError:
-    context = contextlib.nullcontext()
-
-def build(call):
-    module, function, args = call
-    start = time.monotonic()
-    try:
-        built = getattr(importlib.import_module(module), function)(*[value(a) for a in args])
-        ok = built is not False  # the can_use_* loaders answer False when SGLang could not build
-        return {"call": call, "ok": ok, "seconds": round(time.monotonic() - start, 2),
-                **({} if ok else {"error": "SGLang could not build it (its log says why)"})}
-    except Exception as e:
-        return {"call": call, "ok": False, "error": f"{type(e).__name__}: {str(e)[:2000]}",
-                "seconds": round(time.monotonic() - start, 2)}
-
-with context:
-    with ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
-        results = list(pool.map(build, calls))
-print(json.dumps(results), flush=True)
-'''
-
-
-# flashinfer's RMSNorm module, built ahead (python -c SOURCE ARCHS OUT): flashinfer's own JIT spec,
-# compiled by its own ninja into a scratch workspace, then copied where its AOT loader looks.
-FLASHINFER_CHILD = r'''
-import json, os, shutil, sys
-from importlib.metadata import version
-os.environ["FLASHINFER_CUDA_ARCH_LIST"] = sys.argv[1]
-from flashinfer.jit.norm import gen_norm_module
-spec = gen_norm_module()
-spec.build(verbose=False)
-dest = os.path.join(sys.argv[2], "flashinfer-aot", spec.name)
-os.makedirs(dest, exist_ok=True)
-shutil.copyfile(spec.jit_library_path, os.path.join(dest, spec.name + ".so"))
-print(json.dumps({"module": spec.name, "flashinfer": version("flashinfer-python")}), flush=True)
-'''
+# The children, real modules run as `python -c SOURCE ...` in the stack's interpreter (jit_child.py,
+# flashinfer_norm_child.py say how): the interpreter needs no dflashctl.
+JIT_CHILD = Path(__file__).with_name("jit_child.py").read_text()
+FLASHINFER_CHILD = Path(__file__).with_name("flashinfer_norm_child.py").read_text()
 FLASHINFER_AOT = "flashinfer-aot"
 
 
@@ -288,11 +221,11 @@ def build(python: str, out: Path, archs: list[str], calls: list[list], env: dict
         with tempfile.TemporaryDirectory(prefix="dflash-kernels-") as staging:
             child_env["TVM_FFI_CACHE_DIR"] = staging  # tvm-ffi's own builds; the hook copies the .so out
             started = time.monotonic()
-            p = subprocess.run([python, "-c", CHILD, json.dumps(calls), arch], env=child_env,
+            p = subprocess.run([python, "-c", JIT_CHILD, "build", json.dumps(calls), arch], env=child_env,
                                capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         try:
-            results = json.loads(p.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
+            results = json.loads(p.stdout.strip().splitlines()[-1])["calls"]
+        except (ValueError, IndexError, KeyError, TypeError):
             raise DflashError(f"the kernel build for {arch} exited with status {p.returncode}",
                               "its output ends with:\n" + "\n".join(p.stderr.strip().splitlines()[-15:]),
                               f"check that {python} has SGLang and tvm-ffi and that nvcc and c++ work", FAILED)

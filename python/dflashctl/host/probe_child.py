@@ -19,7 +19,8 @@ import sys
 import time
 import traceback
 
-# What SGLang 0.5.11 imports from each grammar backend at start-up (srt/constrained/*_backend.py).
+# What SGLang 0.5.11 imports from each grammar backend at start-up (srt/constrained/*_backend.py);
+# the rest of dflashctl reads it as host/sglang_0_5_11.GRAMMAR_IMPORTS (this file runs alone).
 GRAMMAR_NAMES = {
     "xgrammar": {"xgrammar": ["CompiledGrammar", "GrammarCompiler", "GrammarMatcher", "StructuralTag",
                               "StructuralTagItem", "TokenizerInfo", "allocate_token_bitmask"]},
@@ -350,19 +351,40 @@ def process_name(nvml, pid, nested_pid_namespace):
         return None
 
 
-def read_gpu(nvml, i, nested_pid_namespace):
-    """One GPU: identity, memory, utilization, compute processes, health. A GPU that does not answer
-    (lost: NVML_ERROR_GPU_IS_LOST) comes back with its return code and error instead of memory."""
-    gpu = {"index": i}
+def open_nvml(library):
+    nvml = Nvml(library)
+    nvml.check("nvmlInit", "nvmlInit_v2")
+    return nvml
+
+
+def gpu_handle(nvml, i):
+    """NVML's code and the handle of GPU `i`."""
     handle = ctypes.c_void_p()
-    rc = nvml.call("nvmlDeviceGetHandleByIndex_v2", i, ctypes.byref(handle))
-    if rc != 0:
-        return dict(gpu, rc=rc, error=f"GPU {i}: {nvml.error(rc)}")
+    return nvml.call("nvmlDeviceGetHandleByIndex_v2", i, ctypes.byref(handle)), handle
+
+
+def identity(nvml, i, handle):
+    """{"index", "name", "uuid"} of a GPU, and (key, code) of the first that NVML did not give (None
+    when both came): its name stays None, the uuid is not asked for."""
+    gpu = {"index": i}
     for key, name in (("name", "nvmlDeviceGetName"), ("uuid", "nvmlDeviceGetUUID")):
         rc, gpu[key] = nvml.text(name, handle)
         if rc != 0:
             gpu[key] = None
-            return dict(gpu, rc=rc, error=f"GPU {i} {key}: {nvml.error(rc)}", health=read_health(nvml, handle))
+            return gpu, (key, rc)
+    return gpu, None
+
+
+def read_gpu(nvml, i, nested_pid_namespace):
+    """One GPU: identity, memory, utilization, compute processes, health. A GPU that does not answer
+    (lost: NVML_ERROR_GPU_IS_LOST) comes back with its return code and error instead of memory."""
+    rc, handle = gpu_handle(nvml, i)
+    if rc != 0:
+        return {"index": i, "rc": rc, "error": f"GPU {i}: {nvml.error(rc)}"}
+    gpu, failed = identity(nvml, i, handle)
+    if failed:
+        key, rc = failed
+        return dict(gpu, rc=rc, error=f"GPU {i} {key}: {nvml.error(rc)}", health=read_health(nvml, handle))
     major, minor = ctypes.c_int(), ctypes.c_int()  # which prebuilt kernels fit it (smoke's prewarm)
     if nvml.call("nvmlDeviceGetCudaComputeCapability", handle, ctypes.byref(major), ctypes.byref(minor)) == 0:
         gpu["compute_capability"] = f"{major.value}.{minor.value}"
@@ -395,9 +417,8 @@ def nvml_snapshot(library):
     NVML at `library`. GPUs that do not answer are listed under `unanswered`, with NVML's code, so
     the others are still reported. The answers are plain data: host/gpus.py saves them as a
     recording and tests replay them."""
-    nvml = Nvml(library)
     nested = in_nested_pid_namespace()
-    nvml.check("nvmlInit", "nvmlInit_v2")
+    nvml = open_nvml(library)
     buf = ctypes.create_string_buffer(96)
     nvml.check("driver version", "nvmlSystemGetDriverVersion", buf, 96)
     cuda = ctypes.c_int(0)
@@ -443,20 +464,17 @@ def probe_gpu_watch(arg, facts):
     poll_ms = max(100, int(float(poll_text or "1.0") * 1000))
     die_with_parent()
     parent = os.getppid()
-    nvml = Nvml("libnvidia-ml.so.1")
-    nvml.check("nvmlInit", "nvmlInit_v2")
+    nvml = open_nvml("libnvidia-ml.so.1")
     handles, by_handle, last = {}, {}, {}
     event_set = ctypes.c_void_p()
     set_rc = nvml.call("nvmlEventSetCreate", ctypes.byref(event_set))
     start = {"event": "start", "poll_ms": poll_ms, "event_set": figure(set_rc), "gpus": []}
     for i in indices:
-        handle = ctypes.c_void_p()
-        rc = nvml.call("nvmlDeviceGetHandleByIndex_v2", i, ctypes.byref(handle))
+        rc, handle = gpu_handle(nvml, i)
         entry = {"index": i, "handle": figure(rc)}
         if rc == 0:
             handles[i], by_handle[handle.value] = handle, i
-            entry["name"] = nvml.text("nvmlDeviceGetName", handle)[1]
-            entry["uuid"] = nvml.text("nvmlDeviceGetUUID", handle)[1]
+            entry.update(identity(nvml, i, handle)[0])
             entry["health"] = read_health(nvml, handle)  # its PCI bus id names it; its figures, for the log
             entry["xid_events"] = figure(nvml.call("nvmlDeviceRegisterEvents", handle,
                                                    ctypes.c_ulonglong(XID_CRITICAL), event_set)

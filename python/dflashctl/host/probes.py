@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dflashctl import errors
-from dflashctl.host import symbols
+from dflashctl.host import sglang_0_5_11, symbols
 
 CHILD_SOURCE = (Path(__file__).with_name("probe_child.py")).read_text()
 MIN_DRIVER = 580  # CUDA 13.0 needs a driver >= 580 (CUDA 13.0 release notes, Linux)
@@ -431,7 +431,7 @@ def check_transformers(r: dict, stack: Stack = NO_LOCK) -> Check:
 
 # ------------------------------------------------------------------------------- sets of probes
 
-GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines")
+GRAMMAR_BACKENDS = sglang_0_5_11.GRAMMAR_BACKENDS
 
 
 def preflight_probes(grammar_backend: str, algorithm: str | None) -> dict[str, tuple[str, str]]:
@@ -457,7 +457,7 @@ def preflight_checks(results: dict, grammar_backend: str, algorithm: str | None,
 def preflight(grammar_backend: str, speculative_algorithm: str | None, python: str = sys.executable,
               timeout: float = 60.0, stack: Stack = NO_LOCK, env: dict | None = None) -> list[Check]:
     """What `serve` checks before it starts SGLang: each failure is one that would kill it later."""
-    if grammar_backend not in (*GRAMMAR_BACKENDS, "none"):
+    if grammar_backend not in sglang_0_5_11.GRAMMAR_BACKEND_CHOICES:
         raise errors.DflashError(f"unknown grammar backend {grammar_backend!r}", "",
                                  f"use one of {', '.join(GRAMMAR_BACKENDS)}, none", errors.CONFIG)
     results = run_probes(python, preflight_probes(grammar_backend, speculative_algorithm), timeout, env)

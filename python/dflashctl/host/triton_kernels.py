@@ -28,7 +28,7 @@ from pathlib import Path
 
 from dflashctl import inputs
 from dflashctl.errors import CONFIG, FAILED, DflashError
-from dflashctl.host import cuda_home
+from dflashctl.host import cuda_home, sglang_0_5_11
 from dflashctl.host.kernel_hook import dflash_kernel_hook as hook
 
 SUBDIR = hook.TRITON_SUBDIR
@@ -37,102 +37,11 @@ MANAGER = "dflash_triton_cache:PrebuiltFirst"  # kernel_hook/dflash_triton_cache
 DATA = Path(__file__).resolve().parent / "data"
 SMOKE_RECORDS = "triton-smoke-sm{arch}.jsonl"  # recorded by the default smoke on a GPU of that arch
 
-# SGLang 0.5.11's kernels in the smoke's recording whose specialisation is chosen from the GPU, not
-# from the model: another arch's recording says nothing about them (read from its source).
-# get_num_kv_splits_triton is not here: it takes the SM count as an i32, specialised only when it
-# is 1 or a multiple of 16 (132 on the H200, 148 on a B200, 188 on an RTX PRO 6000: none is).
-GPU_BOUND = {
-    ("sglang.srt.layers.attention.triton_ops.extend_attention", "_fwd_kernel"):
-        "BLOCK_M and BLOCK_N are chosen per compute capability (_get_block_sizes_for_extend_attention: "
-        "128x64 on sm90, 64x64 on sm100, 64x128 on sm120 for head_dim <= 128)",
-    ("sglang.srt.constrained.triton_ops.bitmask_ops", "apply_token_bitmask_inplace_kernel"):
-        "NUM_SMS is a constexpr: the GPU's SM count (132 on the H200)",
-}
+GPU_BOUND = sglang_0_5_11.TRITON_GPU_BOUND  # kernels specialised from the GPU: not carried to another arch
 
-# python -c CHILD RECORDS_JSON STUB_DIR WITH_CUDA_UTILS: compiles into $TRITON_CACHE_DIR, prints one
-# JSON result list; one child of a build also builds cuda_utils (WITH_CUDA_UTILS=1).
-CHILD = r'''
-import importlib, json, os, sys
-records, stub, with_cuda_utils = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3] == "1"
-import triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler.compiler import ASTSource, make_backend
-from triton.runtime.build import compile_module_from_src
-from triton.backends.nvidia import driver as nv
-
-def decode(v):
-    if isinstance(v, dict):
-        if "dtype" in v: return tl.dtype(v["dtype"])
-        if "constexpr" in v: return tl.constexpr(decode(v["constexpr"]))
-        if "jit" in v: return resolve(*v["jit"])
-        if "tuple" in v: return tuple(decode(x) for x in v["tuple"])
-    return v
-
-def tuples(v):
-    return tuple(tuples(x) for x in v) if isinstance(v, list) else v
-
-def resolve(module, qualname):
-    obj = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    while type(obj).__name__ != "JITFunction" and hasattr(obj, "fn"):
-        obj = obj.fn  # autotune / heuristics wrappers
-    return obj
-
-def helper(src, name):
-    # The module is linked against the driver; loading it needs one, and this build has none.
-    try:
-        compile_module_from_src(src, name, library_dirs=[nv.libdevice_dir, stub],
-                                include_dirs=nv.include_dirs, libraries=nv.libraries)
-    except ImportError:
-        pass
-
-results = []
-if with_cuda_utils:
-    try:
-        helper(open(os.path.join(nv.dirname, "driver.c")).read(), "cuda_utils")
-        results.append({"helper": "cuda_utils", "ok": True})
-    except Exception as e:
-        results.append({"helper": "cuda_utils", "ok": False, "error": f"{type(e).__name__}: {e}"})
-def carried_options(options, source):
-    # Triton derives some options from the target (the arch, max_num_imprecise_acc_default, the
-    # fp8 types): keep only those the launch chose, as the runtime passes them to parse_options.
-    defaults = make_backend(GPUTarget("cuda", source, 32)).parse_options({}).__dict__
-    return {k: v for k, v in options.items() if k not in defaults or tuples(v) != defaults[k]}
-
-for r in records:
-    out = {"kernel": f"{r['module']}.{r['qualname']}", "hash": r["hash"], "ok": False}
-    try:
-        fn = resolve(r["module"], r["qualname"])
-        if fn.cache_key != r["fn_key"]:
-            out.update(stale=True, error="its source differs from the recorded one (another SGLang or Triton)")
-            results.append(out); continue
-        t = r["target"]
-        target = GPUTarget(t["backend"], t["arch"], t["warp_size"])
-        recorded = dict(r["signature"])
-        signature = {k: tuples(recorded[k]) for k in fn.arg_names}  # the launcher takes them in this order
-        constants = {tuple(k): decode(v) for k, v in r["constants"]}
-        attrs = {tuple(k): v for k, v in r["attrs"]}
-        options = {k: tuples(v) for k, v in r["options"].items()}
-        if r.get("carried_from"):
-            options = carried_options(options, r["carried_from"]["arch"])
-        src = ASTSource(fn, signature, constants, attrs)
-        kernel = triton.compile(src, target=target, options=make_backend(target).parse_options(options).__dict__)
-        if r.get("carried_from"):
-            out.update(hash=kernel.hash, carried=True)  # no GPU of this arch recorded it: Triton's key is the one
-        elif kernel.hash != r["hash"]:
-            out.update(stale=True, error=f"built under key {kernel.hash[:12]}, recorded {r['hash'][:12]}: "
-                       "Triton's options or compiler differ here")
-            results.append(out); continue
-        by_index = {(fn.arg_names.index(k),) if isinstance(k, str) else k: v for k, v in src.constants.items()}
-        helper(nv.make_launcher(by_index, signature, getattr(kernel.metadata, "tensordesc_meta", None)),
-               "__triton_launcher")
-        out["ok"] = True
-    except Exception as e:
-        out["error"] = f"{type(e).__name__}: {str(e)[:500]}"
-    results.append(out)
-print(json.dumps(results), flush=True)
-'''
+# The child, a real module run as `python -c SOURCE RECORDS_JSON STUB_DIR WITH_CUDA_UTILS` in the stack's
+# interpreter (triton_build_child.py says how).
+CHILD = Path(__file__).with_name("triton_build_child.py").read_text()
 
 
 def read_records(paths: list[Path]) -> list[dict]:

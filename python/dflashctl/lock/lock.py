@@ -175,7 +175,7 @@ def run(args) -> int:
     text = lock.dumps()
     old = _read(args.lock) if Path(args.lock).exists() else None
     if text != old:
-        lockfile.write_atomic(args.lock, text, "--lock")
+        output.write(args.lock, text, "--lock")  # whole or not at all
     wall = time.monotonic() - start
     info = summary(lock)
     if args.json:

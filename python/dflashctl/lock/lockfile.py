@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflashctl import inputs, output
+from dflashctl import inputs
 from dflashctl.errors import INPUT, DflashError
 
 LOCK_VERSION = 1
@@ -170,8 +170,3 @@ def load(path: Path | str = DEFAULT_LOCK) -> Lock:
 
 
 MAX_LOCK = 64 << 20  # the real lock is ~140 KiB
-
-
-def write_atomic(path: Path | str, text: str, flag: str) -> None:
-    """Whole or not at all (output.write: a temp file in the same directory, renamed)."""
-    output.write(path, text, flag)

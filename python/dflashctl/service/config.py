@@ -20,7 +20,7 @@ from typing import Any
 from dflashctl import inputs
 from dflashctl.errors import CONFIG, DflashError
 from dflashctl.host import hub_cache
-from dflashctl.service import settings_schema, unit_text
+from dflashctl.service import settings_schema, sglang_0_5_11, unit_text
 
 SCHEMA = settings_schema.load()  # data/settings.json: every setting's key, type, default and flag
 ALGORITHMS = tuple(SCHEMA.setting("speculative.algorithm").entry["choices"])
@@ -171,9 +171,7 @@ def _extra_args(v):
     return tuple(v)
 
 
-# SGLang 0.5.11 checks port + 10000 (its gRPC port, unless SGLANG_GRPC_PORT is set) <= 65535 at start.
-GRPC_PORT_OFFSET = 10000
-MAX_PORT = 65535 - GRPC_PORT_OFFSET
+GRPC_PORT_OFFSET, MAX_PORT = sglang_0_5_11.GRPC_PORT_OFFSET, sglang_0_5_11.MAX_PORT  # port + 10000 <= 65535
 
 CHECKS = {"text": _str, "revision": _revision, "path": _abs_path, "bool": _bool, "port": _int(1, 65535),
           "fraction": _fraction, "gpus": _gpus, "environment": _environment, "args": _extra_args}
@@ -318,7 +316,7 @@ def _rules(kw: dict, schema: settings_schema.Schema) -> list[str]:
                    f"list {tp} GPUs or lower tpSize")
     env = kw.get("environment", {})
     port = kw.get("port", InstanceConfig.port)
-    if port > MAX_PORT and "SGLANG_GRPC_PORT" not in env:
+    if port > MAX_PORT and sglang_0_5_11.GRPC_PORT_ENV not in env:
         out.append(f"port: {port} is above {MAX_PORT}: SGLang 0.5.11 derives its gRPC port as port + "
                    f"{GRPC_PORT_OFFSET} and refuses to start past 65535; choose a port <= {MAX_PORT} "
                    "or set environment.SGLANG_GRPC_PORT")

@@ -75,7 +75,7 @@ def cross_rules(cfgs: list[InstanceConfig]) -> list[str]:
 def shared_gpu_warnings(cfgs: list[InstanceConfig]) -> list[str]:
     """Instances sharing a GPU that cannot restart while the others run (SGLang 0.5.11's pool:
     free - (1 - f) x total > 0 needs f above the sum of the others' fractions). Without a
-    memFractionStatic SGLang takes about 0.9 of the GPU (host/gpus.py), counted as such here."""
+    memFractionStatic SGLang takes about 0.9 of the GPU (service/sglang_0_5_11.py), counted as such here."""
     texts = unit_text.warning_texts()
     by_gpu: dict[int, list[InstanceConfig]] = {}
     for c in cfgs:

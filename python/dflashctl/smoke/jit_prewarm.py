@@ -4,9 +4,9 @@ inside their first CUDA-graph capture.
 On a fresh host SGLang 0.5.11 compiles its tvm-ffi kernels (sglang.jit_kernel: QK-norm, RoPE,
 KV-cache store, activation, ...) with nvcc at their first call, which comes during the first
 CUDA-graph capture: one module after another, about 50 s on the H200 (docs/benchmarks.md), after
-about 20 s of imports. This child of the stack's Python calls SGLang's own module loaders with
-the shapes the servers will use, all at once on separate threads (nvcc runs as a subprocess), in
-the servers' environment, so it builds the same modules into the same cache directories. tvm-ffi
+about 20 s of imports. This child of the stack's Python (host/jit_child.py) calls SGLang's own
+module loaders with the shapes the servers will use, all at once on separate threads (nvcc runs as
+a subprocess), in the servers' environment, so it builds the same modules into the same cache directories. tvm-ffi
 locks each module's build directory: a server that reaches a kernel still being built waits for
 it instead of compiling it again, and finds the rest built. Nothing here is required: a failed
 or mistaken call only costs CPU time, and the server compiles what it needs as before.
@@ -19,57 +19,8 @@ import subprocess
 import threading
 import time
 
+from dflashctl.host import jit_child, kernels
 from dflashctl.host.kernels import calls_for  # noqa: F401 (the loaders the prewarm calls)
-
-# What the child runs (python -c SOURCE CALLS_JSON): standard library, torch and SGLang only.
-CHILD = r'''
-import importlib, json, os, sys, time
-from concurrent.futures import ThreadPoolExecutor
-calls = json.loads(sys.argv[1])
-try:
-    import torch
-    def value(a):
-        return getattr(torch, a[6:]) if isinstance(a, str) and a.startswith("torch.") else a
-except ImportError:  # the tests' stand-in SGLang has no torch
-    torch = None
-    def value(a):
-        return a
-t0 = time.monotonic()
-try:
-    from sglang.jit_kernel.utils import get_jit_cuda_arch
-    # load_jit sets and then removes TVM_FFI_CUDA_ARCH_LIST around each build; preset to the same
-    # value it stays set for every thread, so no build sees it missing.
-    os.environ.setdefault("TVM_FFI_CUDA_ARCH_LIST", get_jit_cuda_arch().target_name)
-except ImportError:
-    pass
-loaders = []
-for module, function, args in calls:
-    try:
-        loaders.append(getattr(importlib.import_module(module), function))
-    except Exception as e:
-        loaders.append(e)
-imported = time.monotonic() - t0
-
-def build(i):
-    module, function, args = calls[i]
-    name = f"{module.rsplit('.', 1)[-1]}.{function}({', '.join(map(str, args))})"
-    if isinstance(loaders[i], Exception):
-        return {"call": name, "ok": False, "error": f"{type(loaders[i]).__name__}: {loaders[i]}"}
-    start = time.monotonic()
-    try:
-        built = loaders[i](*[value(a) for a in args])
-        seconds = round(time.monotonic() - start, 2)
-        if built is False:  # the can_use_* loaders log SGLang's reason and answer False
-            return {"call": name, "ok": False, "error": "SGLang could not build it", "seconds": seconds}
-        return {"call": name, "ok": True, "seconds": seconds}
-    except Exception as e:
-        return {"call": name, "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}",
-                "seconds": round(time.monotonic() - start, 2)}
-
-with ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
-    results = list(pool.map(build, range(len(calls))))
-print(json.dumps({"imports_s": round(imported, 2), "calls": results}), flush=True)
-'''
 
 
 class Prewarm:
@@ -78,7 +29,7 @@ class Prewarm:
     def __init__(self, python: str, env: dict, calls: list[list]):
         self.started = time.monotonic()
         self.calls = calls
-        self.proc = subprocess.Popen([python, "-c", CHILD, json.dumps(calls)], env=env,
+        self.proc = subprocess.Popen([python, "-c", kernels.JIT_CHILD, "prewarm", json.dumps(calls)], env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         self._output: tuple[bytes, bytes] = (b"", b"")
@@ -104,7 +55,8 @@ class Prewarm:
             tail = err.decode(errors="replace").strip().splitlines()[-3:]
             return {"enabled": True, "ok": False, "error": f"exited with status {self.proc.returncode}: "
                                                            + " | ".join(tail)}
-        return {"enabled": True, "ok": all(c["ok"] for c in done["calls"]), "wall_s": seconds, **done}
+        calls = [named(c) for c in done["calls"]]
+        return {"enabled": True, "ok": all(c["ok"] for c in calls), "wall_s": seconds, **done, "calls": calls}
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -112,6 +64,15 @@ class Prewarm:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def named(result: dict) -> dict:
+    """A child's result (host/jit_child.py) as the smoke reports it: the call by name, short errors."""
+    module, function, args = result["call"]
+    out = {**result, "call": f"{module.rsplit('.', 1)[-1]}.{function}({', '.join(map(str, args))})"}
+    if "error" in out:
+        out["error"] = "SGLang could not build it" if out["error"] == jit_child.NOT_BUILT else out["error"][:300]
+    return out
 
 
 def line(pre: dict | None) -> str | None:

@@ -1,8 +1,9 @@
 """Where a server's start-up time goes, from SGLang's own log and from the JIT caches.
 
 SGLang 0.5.11 logs `[YYYY-mm-dd HH:MM:SS(.mmm)( TP0…)] message`; smoke starts its servers with
-SGLANG_LOG_MS=1, so the stamps carry milliseconds. The lines that mark the phases (their text
-is in srt/entrypoints/engine.py, srt/model_executor/model_runner.py, srt/entrypoints/http_server.py):
+SGLANG_LOG_MS=1, so the stamps carry milliseconds. The lines that mark the phases (their text is
+in srt/entrypoints/engine.py, srt/model_executor/model_runner.py, srt/entrypoints/http_server.py;
+the patterns are smoke/sglang_0_5_11.py's):
 
     server_args=ServerArgs(…)                   the main process has imported SGLang
     Init torch distributed begin.               the scheduler process has imported and starts the model
@@ -19,27 +20,13 @@ Caches are shared by servers that start side by side, so compiling is reported f
 
 import datetime as dt
 import os
-import re
 from pathlib import Path
 
 from dflashctl.host import jit_caches as host_jit_caches
-from dflashctl.smoke import jit_prewarm
+from dflashctl.smoke import jit_prewarm, sglang_0_5_11
 
-STAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)(?: [^\]]*)?\] (.*)$")
-# (event, text the message starts with)
-MARKERS = (
-    ("args", "server_args=ServerArgs("),
-    ("dist_begin", "Init torch distributed begin."),
-    ("load_begin", "Load weight begin."),
-    ("load_end", "Load weight end."),
-    ("capture_begin", "Capture cuda graph begin."),
-    ("capture_end", "Capture cuda graph end."),
-    ("capture_begin", "Capture draft cuda graph begin."),
-    ("capture_end", "Capture draft cuda graph end."),
-    ("capture_begin", "Capture piecewise CUDA graph begin."),
-    ("capture_end", "Capture piecewise CUDA graph end."),
-    ("fired_up", "The server is fired up and ready to roll!"),
-)
+STAMP = sglang_0_5_11.LOG_STAMP
+MARKERS = sglang_0_5_11.START_UP_MARKERS  # (event, text the message starts with)
 # (key, what it is) in start-up order; docs/smoke.md explains each.
 PHASES = (
     ("imports", "Python imports (launch -> server_args logged)"),
