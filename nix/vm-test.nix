@@ -48,6 +48,9 @@ let
     gpus = [ (port - 31000) ];
     inherit port;
     startTimeoutSec = 60;
+    # The stand-in serves /metrics only beside its metrics module and recording (tests/data); this
+    # test checks starts, restarts and upgrades, not metrics.
+    enableMetrics = false;
     environment = {
       # listening 3 s after the start, decoding 1 s later: a start the router must wait out
       STANDIN_LISTEN_AFTER = "3";

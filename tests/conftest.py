@@ -30,3 +30,17 @@ def nixfmt_or_skip() -> str:
             return str(c)
     pytest.skip("skipped: no nixfmt (neither $DFLASH_NIXFMT nor nixfmt on PATH); the layout is "
                 "checked by checks.formatting in tier 2 (nix flake check)")
+
+def prometheus_or_skip() -> Path:
+    """The directory holding `prometheus` and `promtool` (Debian's package: tests/run unpacks it into
+    $DFLASH_PROMETHEUS_DIR, or they are on PATH); a failure under tests/run
+    (DFLASH_REQUIRE_PROMETHEUS=1), a skip elsewhere."""
+    where = os.environ.get("DFLASH_PROMETHEUS_DIR")
+    for d in ([Path(where) / "usr" / "bin"] if where else []) + \
+            ([Path(shutil.which("promtool")).parent] if shutil.which("promtool") else []):
+        if (d / "prometheus").is_file() and (d / "promtool").is_file():
+            return d
+    if os.environ.get("DFLASH_REQUIRE_PROMETHEUS") == "1":
+        pytest.fail("prometheus and promtool are missing but tests/run requires them (it unpacks Debian's "
+                    f"prometheus package into $DFLASH_PROMETHEUS_DIR={where}; see its output)")
+    pytest.skip("prometheus/promtool not found: run tests/run (it unpacks Debian's package), or put them on PATH")

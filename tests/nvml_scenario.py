@@ -3,8 +3,9 @@
 The healthy scenario is the H200's recording (tests/data/gpus/h200-health.json, every figure with
 the return code NVML gave there), flattened to the stand-in's `KEY RC VALUE` lines; the sick ones
 change the figures a failing GPU changes. A host of several GPUs repeats the recorded GPU with its
-own index, UUID and PCI bus id (the recording has one GPU). Figures the recording does not have
-(the GPU recovery action) are absent: the stand-in answers NOT_SUPPORTED for them.
+own index, UUID and PCI bus id (the recording has one GPU). The GPU recovery action, which the
+first recording lacked, was added from doctor's own recording of the H200 (0: none); a figure the
+recording does not have is answered NOT_SUPPORTED.
 """
 
 import json

@@ -92,12 +92,13 @@ def test_the_healthy_scenario_answers_every_figure_as_the_h200_recorded_it(nvml,
     assert (gpu["name"], gpu["uuid"]) == (rec["name"]["value"], rec["uuid"]["value"])
     assert health["pci"]["value"]["busId"] == rec["pci"]["value"]["busId"] == "00000000:00:06.0"
     for key in ("ecc_mode", "ecc_errors", "remapped_rows", "retired_pages", "retired_pages_pending",
-                "clock_event_reasons", "clock_event_reasons_supported", "pcie", "temperature_c", "power_mw"):
+                "clock_event_reasons", "clock_event_reasons_supported", "pcie", "temperature_c", "power_mw",
+                "recovery_action"):
         assert health[key] == rec[key], key
     # The H200 answered NOT_SUPPORTED (3) for retired pages: it remaps rows instead
     assert rec["retired_pages"]["double_bit"] == {"rc": 3, "error": "NOT_SUPPORTED"}
-    # not recorded there, so not invented here: the stand-in says NOT_SUPPORTED
-    assert health["recovery_action"]["rc"] == 3
+    # the recovery action, recorded later by doctor on the H200: none asked for
+    assert rec["recovery_action"] == {"rc": 0, "value": 0}
     h = gpu_health.assess(r["facts"])[0]
     assert h.status == "ok" and h.label == LABEL
     assert h.summary() == (f"{LABEL}: uncorrected ECC errors: 0 since the last reset, 0 in the board's lifetime; "

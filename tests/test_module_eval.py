@@ -185,7 +185,8 @@ def test_router_wiring_carries_the_pure_directives_and_settings():
     assert service["ExecReload"] == service["ExecStart"] + " --sync"
     assert service["TimeoutStopSec"] == f"{60 + 15}s" and service["DevicePolicy"] == "closed"
     assert "DeviceAllow" not in service and service["PrivateDevices"] is True
-    assert out["etc"] == {"dflash-router.json": "/nix/store/11111111111111111111111111111111-dflash-router.json"}
+    assert out["etc"] == {"dflash-router.json": "/nix/store/11111111111111111111111111111111-dflash-router.json",
+                          "dflash-instances.json": "/nix/store/11111111111111111111111111111111-dflash-instances.json"}
     # a change of workers reloads the router, any other change restarts it
     assert json.loads(got["reloadTriggers"][0]) == pure["workers"]
     assert json.loads(got["restartTriggers"][0]) == {k: v for k, v in pure.items()
@@ -243,3 +244,18 @@ def test_a_path_the_sandbox_hides_is_a_nixos_assertion():
         in out["failedAssertions"]
     assert evaluate({"a": QWEN})["failedAssertions"] == []
     assert evaluate({"a": QWEN}, router={"enable": True})["failedAssertions"] == []
+
+
+def test_monitoring_options_are_typed_and_reach_prometheus_and_grafana():
+    from dflashctl.service import config, monitoring
+    host = ('{ services.prometheus.enable = true; services.grafana.enable = true;'
+            ' services.dflash.prometheus.minAcceptLength.a = 3; services.dflash.prometheus.scrapeIntervalSec = 5; }')
+    out = evaluate({"a": {**QWEN, "draftModel": "d", "speculative": {"algorithm": "DFLASH"}}}, host=host)
+    cfg = config.from_dict({**QWEN, "draftModel": "d", "speculative": {"algorithm": "DFLASH"}}, "a")
+    assert out["prometheus"]["scrapeConfigs"] == monitoring.scrape_configs([cfg], interval_sec=5)
+    assert out["prometheus"]["ruleFiles"] == ["/nix/store/11111111111111111111111111111111-dflash.rules.json"]
+    assert [p["name"] for p in out["grafanaProviders"]] == ["dflash"]
+    assert evaluate({"a": QWEN})["prometheus"] == {"scrapeConfigs": [], "ruleFiles": []}  # no Prometheus here
+    with pytest.raises(Refused) as e:
+        evaluate({"a": QWEN}, host='{ services.prometheus.enable = true; services.dflash.prometheus.minAcceptLength.a = "x"; }')
+    assert "services.dflash.prometheus.minAcceptLength.a' is not of type" in str(e.value)

@@ -65,6 +65,8 @@ def container(request, tmp_path_factory):
     c.suite, c.systemd = suite, SUITES[suite]
     c.copy_tree(REPO / "python", "/opt/dflash-src")
     c.write(f"{TEST_DIR}/standin_server.py", STANDIN.read_text())
+    c.write(f"{TEST_DIR}/standin_metrics.py", STANDIN.with_name("standin_metrics.py").read_text())  # its /metrics
+    c.write(f"{TEST_DIR}/instance-metrics.txt", (HERE / "data" / "metrics" / "h200" / "instance-metrics.txt").read_text())
     # Debian's own packaging and setuptools, no package index: the container needs no network.
     c.run(["python3", "-m", "venv", "--system-site-packages", VENV])
     c.run([f"{VENV}/bin/pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
@@ -813,6 +815,41 @@ def test_rollout_over_real_units(deploy, container):
         c.run(["systemctl", "stop", "dflash-test-load"], check=False)
         stopped, view, journal = remove_router(c, router)
     assert stopped.returncode == 0, journal
+
+
+@pytest.mark.parametrize("unit_source", ["dflashctl_unit"], indirect=True)
+def test_status_reads_the_units_restarts_and_journal(deploy, container):
+    """`dflashctl status` under a real systemd (docs/monitoring.md): one instance serving, one whose
+    SGLang dies before it is ready and is restarted with backoff. Its row shows systemd's view
+    (state, since when, NRestarts, the exit status and StatusText serve left) and the newest error
+    line the service wrote to its journal; the serving one is healthy; exit 1."""
+    c = container
+    a = deploy("stata")
+    b = deploy("statb", standin={"mode": "crash", "ready_after": 0.3})
+    assert a.start().returncode == 0, a.journal()
+    b.start()  # fails: the stand-in exits 3 before it is ready (exit 90, restarted)
+    b.wait_for(lambda v: int(v["NRestarts"] or 0) >= 1, "restarted once", props=("NRestarts",))
+    c.run(["journalctl", "--sync"], check=False)
+    done = c.run([DFLASHCTL, "status", "--json", "--no-router", "--window", "1", "--instance",
+                  f"/etc/dflash/{a.name}.json", "--instance", f"/etc/dflash/{b.name}.json"], check=False)
+    assert done.returncode == 1, done.stderr
+    rep = json.loads(done.stdout)
+    assert rep["systemd"] is True and rep["router"] is None
+    rows = {r["name"]: r for r in rep["instances"]}
+    ua, ub = rows[a.name]["unit_state"], rows[b.name]["unit_state"]
+    assert (ua["active"], ua["sub"], ua["restarts"]) == ("active", "running", 0) and rows[a.name]["healthy"]
+    import calendar
+    age = time.time() - calendar.timegm(time.strptime(ua["since"], "%Y-%m-%dT%H:%M:%SZ"))
+    assert -2 <= age < WAIT_S * 3, ua  # since it became active: moments ago (the clocks are one)
+    assert rows[a.name]["metrics"] == "on" and rows[a.name]["requests_running"] == 0  # serve passes --enable-metrics
+    assert ub["restarts"] >= 1 and not rows[b.name]["healthy"]
+    assert (ub["active"], ub["sub"]) != ("active", "running")
+    assert any(p.startswith("unit ") for p in rows[b.name]["problems"]), rows[b.name]
+    assert "StructuralTag" in rows[b.name]["last_error"]["text"], rows[b.name]["last_error"]
+    assert rows[a.name]["last_error"] is None
+    text = c.run([DFLASHCTL, "status", "--no-router", "--window", "0", "--instance", f"/etc/dflash/{a.name}.json"],
+                 check=False)
+    assert text.returncode == 0 and text.stdout.splitlines()[1].split()[1] == "active/running", text.stdout
 
 
 # --- the unit as the README renders it on a host without NixOS (issue 34) ----------------------------

@@ -393,9 +393,22 @@ def test_module_declares_dflashctls_settings_with_its_defaults(declared):
         assert decl["default"] is None, key
     assert declared["speculative"]["algorithm"]["values"] == list(config.ALGORITHMS)
     assert options["grammarBackend"]["values"] == list(config.GRAMMAR_BACKENDS)
-    assert declared["top"] == sorted(["package", "dflashctlPackage", "hostCompilerPackage",
-                                      "kernelsPackage", "instances", "router", "upgrade", "rollout"])
+    assert declared["top"] == sorted(["package", "dflashctlPackage", "hostCompilerPackage", "kernelsPackage",
+                                      "instances", "router", "upgrade", "rollout", "prometheus", "grafana"])
     assert declared["kernels"] == {"type": "nullOr", "default": None, "hasDefault": True, "values": None}
+
+
+def test_module_declares_the_monitoring_options_with_dflashctls_defaults(declared):
+    """services.dflash.prometheus takes its defaults from data/monitoring/monitoring.json, as
+    `dflashctl monitoring` does; it is on where the host runs Prometheus (Grafana: the dashboard)."""
+    from dflashctl.service import monitoring
+    p = declared["prometheus"]
+    assert set(p) == {"scrapeIntervalSec", "minAcceptLength", "ttftP99Sec", "alertFor", "gpuExporters"}
+    assert p["scrapeIntervalSec"]["default"] == monitoring.data()["scrapeIntervalSec"]
+    assert p["ttftP99Sec"]["default"] == monitoring.data()["thresholds"]["ttftP99Sec"]["default"]
+    assert p["minAcceptLength"]["default"] == {} and p["alertFor"]["default"] == {} and p["gpuExporters"]["default"]
+    assert declared["prometheusEnable"] == "config.services.prometheus.enable"
+    assert declared["grafanaEnable"] == "config.services.grafana.enable"
 
 
 def test_module_declares_the_routers_settings_with_their_defaults(declared):

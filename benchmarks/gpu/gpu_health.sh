@@ -8,13 +8,13 @@
 #      watch running beside it (as serve runs it) in half of them: tokens/s with and without, the
 #      ratio, the noise floor, the watch's CPU time. SGLang's start (~65 s on a fresh H200 without
 #      prebuilt kernels, less with warm JIT caches) is most of it.
-# Device command, from the repository root (the payload as for the other scripts: .gpu-i21 with
+# Device command, from the repository root (the payload as for the other scripts: .gpu with
 # payload.tar.xz carried, or /tmp/site already unpacked by an earlier script of the same call):
 #   bash benchmarks/gpu/gpu_health.sh
 # Writes into $OUT (default $PWD/gpu-health-out): summary.txt, doctor.json, doctor.err,
 # nvml-recording.json, watch-cost.json, watch-cost.txt, watch-cost-serve.log.
 set -uo pipefail
-D=${PAYLOAD_DIR:-$PWD/.gpu-i21}
+D=${PAYLOAD_DIR:-$PWD/.gpu}
 OUT=${OUT:-$PWD/gpu-health-out}
 mkdir -p "$OUT"
 PY=${PY:-python3}

@@ -30,6 +30,8 @@ COMMANDS = {
     "router-unit": "dflashctl.service.router_unit",
     "rollout": "dflashctl.service.rollout",
     "models": "dflashctl.service.models",
+    "status": "dflashctl.service.status",
+    "monitoring": "dflashctl.service.monitoring",
     "smoke": "dflashctl.smoke.smoke",
 }
 

@@ -80,6 +80,12 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
     "models": {e.FAILED: "a download or its verification failed, or status: a model is not whole in "
                          "the cache",
                e.CONFIG: None, e.OUTPUT: "the cache directory cannot be written"},
+    "status": {e.FAILED: "something is unhealthy (each problem listed)",
+               e.CONFIG: "the instances' or the router's settings are invalid or unreadable, or an option "
+                         "names no instance"},
+    "monitoring": {e.CONFIG: "the instances' or the router's settings are invalid or unreadable, or an "
+                             "option names no instance or alert",
+                   e.OUTPUT: None},
     "smoke": {e.FAILED: "a run failed: a server died, a response was empty, or speculative decoding "
                         "was not active",
               e.NOT_LOSSLESS: None, e.GRAMMAR_VIOLATION: None, e.DRAFTS_REJECTED: None,

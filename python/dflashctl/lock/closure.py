@@ -51,7 +51,20 @@ def _find(index: dict, dep: dict, env: dict) -> dict | None:
 
 def closure(uv_lock: dict, spec: Spec, system: str) -> Closure:
     env = marker_env(system, spec.python)
-    priority = tag_priority(system, spec.python, spec.manylinux)
+    project, index = _split_lock(uv_lock)
+    walk = _Walk(index, env, system)
+    roots = walk.from_roots(project.get("dependencies", []), "the spec")
+    runtime = set(walk.reached)
+    # The dev group is walked after the stack: what only it reaches is marked dev.
+    dev_roots = walk.from_roots(project.get("dev-dependencies", {}).get("dev", []), "the spec's dev group")
+    problems = walk.problems + _version_problems(walk.reached, system)
+    packages, urls = _choose_wheels(walk, runtime, spec, system, problems)
+    return Closure(packages, urls, sorted(r for r in roots if r), problems,
+                   sorted(r for r in dev_roots if r))
+
+
+def _split_lock(uv_lock: dict) -> tuple[dict, dict[str, list[dict]]]:
+    """The project's own entry (virtual or editable) and every other package by canonical name."""
     index: dict[str, list[dict]] = {}
     project = None
     for p in uv_lock.get("package", []):
@@ -59,65 +72,69 @@ def closure(uv_lock: dict, spec: Spec, system: str) -> Closure:
             project = p
         else:
             index.setdefault(canonical_name(p["name"]), []).append(p)
+    return project or {}, index
 
-    reached: dict[tuple[str, str], dict] = {}  # (name, version) -> package
-    extras: dict[tuple[str, str], set[str]] = {}
-    deps: dict[tuple[str, str], set[str]] = {}
-    queue: deque[tuple[dict, frozenset[str]]] = deque()
-    problems: list[str] = []
 
-    def visit(dep: dict, from_name: str):
-        target = _find(index, dep, env)
+class _Walk:
+    """Breadth-first over uv's lock from some roots, for one system's markers: what is reached
+    (with the extras asked of it), each package's edges, and what could not be found."""
+
+    def __init__(self, index: dict[str, list[dict]], env: dict, system: str):
+        self.index, self.env, self.system = index, env, system
+        self.reached: dict[tuple[str, str], dict] = {}  # (name, version) -> package
+        self.extras: dict[tuple[str, str], set[str]] = {}
+        self.deps: dict[tuple[str, str], set[str]] = {}
+        self.queue: deque[tuple[dict, frozenset[str]]] = deque()
+        self.problems: list[str] = []
+
+    def from_roots(self, dependencies: list[dict], who: str) -> list[str | None]:
+        roots = [self.visit(dep, who) for dep in dependencies if _applies(dep.get("marker"), self.env)]
+        while self.queue:
+            self.step()
+        return roots
+
+    def visit(self, dep: dict, from_name: str) -> str | None:
+        target = _find(self.index, dep, self.env)
         if target is None:
-            problems.append(f"{from_name} needs {dep['name']} on {system}, but uv's lock has no "
-                            f"matching entry")
+            self.problems.append(f"{from_name} needs {dep['name']} on {self.system}, but uv's lock has no "
+                                 f"matching entry")
             return None
-        queue.append((target, frozenset(dep.get("extra", []))))
+        self.queue.append((target, frozenset(dep.get("extra", []))))
         return canonical_name(target["name"])
 
-    def walk():
-        while queue:
-            step()
-
-    def step():
-        pkg, wanted = queue.popleft()
+    def step(self) -> None:
+        pkg, wanted = self.queue.popleft()
         key = (canonical_name(pkg["name"]), pkg["version"])
-        new_extras = wanted - extras.get(key, set())
-        if key in reached and not new_extras:
+        new_extras = wanted - self.extras.get(key, set())
+        if key in self.reached and not new_extras:
             return
-        first = key not in reached
-        reached[key] = pkg
-        extras.setdefault(key, set()).update(wanted)
+        first = key not in self.reached
+        self.reached[key] = pkg
+        self.extras.setdefault(key, set()).update(wanted)
         edges = list(pkg.get("dependencies", [])) if first else []
         for extra in sorted(new_extras):
             edges += pkg.get("optional-dependencies", {}).get(extra, [])
         for dep in edges:
-            if _applies(dep.get("marker"), env):
-                name = visit(dep, key[0])
+            if _applies(dep.get("marker"), self.env):
+                name = self.visit(dep, key[0])
                 if name:
-                    deps.setdefault(key, set()).add(name)
+                    self.deps.setdefault(key, set()).add(name)
 
-    project = project or {}
-    roots = [visit(dep, "the spec") for dep in project.get("dependencies", [])
-             if _applies(dep.get("marker"), env)]
-    walk()
-    runtime = set(reached)
-    # The dev group is walked after the stack: what only it reaches is marked dev.
-    dev_roots = [visit(dep, "the spec's dev group")
-                 for dep in project.get("dev-dependencies", {}).get("dev", [])
-                 if _applies(dep.get("marker"), env)]
-    walk()
 
+def _version_problems(reached: dict[tuple[str, str], dict], system: str) -> list[str]:
     versions: dict[str, list[str]] = {}
     for name, version in reached:
         versions.setdefault(name, []).append(version)
-    for name, vs in sorted(versions.items()):
-        if len(vs) > 1:
-            problems.append(f"{name}: one version per system expected on {system}, "
-                            f"found {', '.join(sorted(vs))}")
+    return [f"{name}: one version per system expected on {system}, found {', '.join(sorted(vs))}"
+            for name, vs in sorted(versions.items()) if len(vs) > 1]
 
+
+def _choose_wheels(walk: _Walk, runtime: set, spec: Spec, system: str,
+                   problems: list[str]) -> tuple[dict, dict]:
+    """The best wheel of every reached package for `system` (a problem where none fits)."""
+    priority = tag_priority(system, spec.python, spec.manylinux)
     packages, urls = {}, {}
-    for (name, version), pkg in sorted(reached.items()):
+    for (name, version), pkg in sorted(walk.reached.items()):
         wheels = {file_name(w["url"]): w for w in pkg.get("wheels", [])}
         chosen = best_wheel(list(wheels), priority)
         if chosen is None:
@@ -129,8 +146,7 @@ def closure(uv_lock: dict, spec: Spec, system: str) -> Closure:
         w = wheels[chosen]
         packages[name] = LockedWheel(name, version, chosen, int(w["size"]),
                                      w["hash"].removeprefix("sha256:"),
-                                     tuple(sorted(deps.get((name, version), ()))),
+                                     tuple(sorted(walk.deps.get((name, version), ()))),
                                      dev=(name, version) not in runtime)
         urls[name] = w["url"]
-    return Closure(packages, urls, sorted(r for r in roots if r), problems,
-                   sorted(r for r in dev_roots if r))
+    return packages, urls

@@ -35,16 +35,19 @@ def machine_of(head: bytes) -> str | None:
     return MACHINES.get(machine, f"e_machine={machine}")
 
 
-def read(f) -> ElfInfo:
-    """Parse the ELF file open in `f` (binary, seekable). Raises NotElf for anything else."""
-
+def _reader(f):
     def at(offset: int, size: int) -> bytes:
         f.seek(offset)
         data = f.read(size)
         if len(data) != size:
             raise NotElf(f"truncated at offset {offset}")
         return data
+    return at
 
+
+def read(f) -> ElfInfo:
+    """Parse the ELF file open in `f` (binary, seekable). Raises NotElf for anything else."""
+    at = _reader(f)
     ident = at(0, 16)
     if ident[:4] != MAGIC or ident[4] not in (1, 2) or ident[5] not in (1, 2):
         raise NotElf("no ELF header")
@@ -62,8 +65,16 @@ def read(f) -> ElfInfo:
         ph_fmt, dyn_fmt = end + "IIIIIIII", end + "iI"
     if phnum == 0:
         return ElfInfo(machine, False)
+    loads, dynamic, interp = _segments(at(phoff, phentsize * phnum), phnum, phentsize, ph_fmt, wide)
+    if dynamic is None:
+        return ElfInfo(machine, interp)  # static: nothing to resolve
+    return _dynamic_info(at, machine, loads, dynamic, dyn_fmt)
+
+
+def _segments(table: bytes, phnum: int, phentsize: int, ph_fmt: str, wide: bool):
+    """The program headers: loaded segments as (vaddr, offset, size), the dynamic segment's
+    (offset, size) or None, and whether an interpreter is named."""
     loads, dynamic, interp = [], None, False
-    table = at(phoff, phentsize * phnum)
     for i in range(phnum):
         fields = struct.unpack_from(ph_fmt, table, i * phentsize)
         if wide:
@@ -76,8 +87,11 @@ def read(f) -> ElfInfo:
             dynamic = (p_offset, p_filesz)
         elif p_type == _PT_INTERP:
             interp = True
-    if dynamic is None:
-        return ElfInfo(machine, interp)  # static: nothing to resolve
+    return loads, dynamic, interp
+
+
+def _dynamic_info(at, machine: str, loads: list, dynamic: tuple[int, int], dyn_fmt: str) -> ElfInfo:
+    """NEEDED and SONAME from the dynamic segment, their strings found through the loaded segments."""
     entry = struct.calcsize(dyn_fmt)
     raw = at(dynamic[0], dynamic[1] - dynamic[1] % entry)
     tags: dict[int, list[int]] = {}

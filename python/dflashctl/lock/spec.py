@@ -52,54 +52,71 @@ def _bad(path, why: str) -> DflashError:
                        "fix the file (its comments describe each key) and run `dflashctl lock` again", INPUT)
 
 
-def parse(data: bytes, path="stack.toml") -> Spec:
-    try:
-        doc = tomllib.loads(data.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise _bad(path, f"TOML error: {e}") from None
-
-    def need(key, kind, where=doc, prefix=""):
+def _needer(path):
+    """need(key, kind, where, prefix): where[key], refused with the key's name if absent or not a kind."""
+    def need(key, kind, where, prefix=""):
         if key not in where:
             raise _bad(path, f"missing key `{prefix}{key}`")
         if not isinstance(where[key], kind):
             raise _bad(path, f"`{prefix}{key}` must be a {getattr(kind, '__name__', 'value')}")
         return where[key]
+    return need
 
-    python = need("python", str)
+
+def parse(data: bytes, path="stack.toml") -> Spec:
+    try:
+        doc = tomllib.loads(data.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise _bad(path, f"TOML error: {e}") from None
+    need = _needer(path)
+    python = need("python", str, doc)
     if not re.fullmatch(r"3\.\d+", python):
         raise _bad(path, f"`python` must look like \"3.12\", not {python!r}")
-    systems = need("systems", list)
+    systems = need("systems", list, doc)
     for s in systems:
         if s not in SYSTEMS:
             raise _bad(path, f"unknown system {s!r} in `systems`; known: {', '.join(SYSTEMS)}")
     if not systems or len(set(systems)) != len(systems):
         raise _bad(path, "`systems` must list at least one system, each once")
-    m = re.fullmatch(r"(\d+)_(\d+)", need("manylinux", str))
+    m = re.fullmatch(r"(\d+)_(\d+)", need("manylinux", str, doc))
     if not m:
         raise _bad(path, f"`manylinux` must look like \"2_34\", not {doc['manylinux']!r}")
-    exclude_newer = need("exclude-newer", str)
-    try:
-        if not exclude_newer.endswith("Z"):
-            raise ValueError
-        datetime.fromisoformat(exclude_newer[:-1])
-    except ValueError:
-        raise _bad(path, f"`exclude-newer` must be a UTC time like \"2026-05-08T00:00:00Z\", "
-                         f"not {exclude_newer!r}") from None
-    requirements = need("requirements", list)
+    exclude_newer = _exclude_newer(need("exclude-newer", str, doc), path)
+    requirements = need("requirements", list, doc)
     groups = doc.get("dependency-groups", {})
     if not isinstance(groups, dict) or set(groups) - {"dev"}:
         raise _bad(path, "`dependency-groups` must be a table with one key, `dev`")
     dev_requirements = need("dev", list, groups, "dependency-groups.") if "dev" in groups else []
     for key, reqs in (("requirements", requirements), ("dependency-groups.dev", dev_requirements)):
-        names = set()
-        for r in reqs:
-            try:
-                name = canonical_name(Requirement(r).name)
-            except (InvalidRequirement, TypeError) as e:
-                raise _bad(path, f"requirement {r!r} is not PEP 508: {e}") from None
-            if name in names:
-                raise _bad(path, f"{name} is listed twice in `{key}`")
-            names.add(name)
+        _check_requirements(key, reqs, path)
+    return Spec(python, tuple(systems), (int(m[1]), int(m[2])), exclude_newer, tuple(requirements),
+                _contract(doc, need, path), hashlib.sha256(data).hexdigest(), tuple(dev_requirements))
+
+
+def _exclude_newer(value: str, path) -> str:
+    try:
+        if not value.endswith("Z"):
+            raise ValueError
+        datetime.fromisoformat(value[:-1])
+    except ValueError:
+        raise _bad(path, f"`exclude-newer` must be a UTC time like \"2026-05-08T00:00:00Z\", "
+                         f"not {value!r}") from None
+    return value
+
+
+def _check_requirements(key: str, reqs: list, path) -> None:
+    names = set()
+    for r in reqs:
+        try:
+            name = canonical_name(Requirement(r).name)
+        except (InvalidRequirement, TypeError) as e:
+            raise _bad(path, f"requirement {r!r} is not PEP 508: {e}") from None
+        if name in names:
+            raise _bad(path, f"{name} is listed twice in `{key}`")
+        names.add(name)
+
+
+def _contract(doc: dict, need, path) -> Contract:
     c = doc.get("contract", {})
     if not isinstance(c, dict):
         raise _bad(path, "`contract` must be a table")
@@ -109,11 +126,9 @@ def parse(data: bytes, path="stack.toml") -> Spec:
     for key in ("torch", "cuda", "sglang-kernel", "xgrammar"):
         if key in c:
             need(key, str, c, "contract.")
-    contract = Contract(c.get("torch"), c.get("cuda"), c.get("sglang-kernel"), c.get("xgrammar"),
-                        tuple(canonical_name(n) for n in need("required", list, c, "contract."))
-                        if "required" in c else ())
-    return Spec(python, tuple(systems), (int(m[1]), int(m[2])), exclude_newer, tuple(requirements),
-                contract, hashlib.sha256(data).hexdigest(), tuple(dev_requirements))
+    return Contract(c.get("torch"), c.get("cuda"), c.get("sglang-kernel"), c.get("xgrammar"),
+                    tuple(canonical_name(n) for n in need("required", list, c, "contract."))
+                    if "required" in c else ())
 
 
 def load(path: Path | str) -> Spec:

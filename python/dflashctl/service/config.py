@@ -63,7 +63,7 @@ class InstanceConfig:
     context_length: int | None = None
     served_model_name: str | None = None
     api_key_file: str | None = None
-    enable_metrics: bool = False
+    enable_metrics: bool = True  # SGLang's /metrics on its own port (docs/monitoring.md)
     environment: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     cache_dir: str | None = None  # None: systemd's CacheDirectory ($CACHE_DIRECTORY) if set

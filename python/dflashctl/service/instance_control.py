@@ -25,7 +25,8 @@ from dflashctl.errors import CONFIG, DflashError
 DIGEST_VAR = "DFLASH_UNIT_DIGEST"
 _DIGEST_RE = re.compile(r"(?:^|\s)" + DIGEST_VAR + r"=([0-9a-f]+)")
 PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode",
-              "StatusText", "InvocationID", "NRestarts", "MainPID", "NeedDaemonReload", "Environment")
+              "StatusText", "InvocationID", "NRestarts", "MainPID", "NeedDaemonReload", "Environment",
+              "ActiveEnterTimestamp", "StateChangeTimestamp", "StateChangeTimestampMonotonic")
 CLD_EXITED = "1"  # ExecMainCode: the process exited (rather than being killed by a signal)
 
 
@@ -42,6 +43,9 @@ class UnitState:
     main_pid: int
     need_reload: bool
     digest: str | None  # DFLASH_UNIT_DIGEST of the unit's current definition
+    active_since: str = ""  # ActiveEnterTimestamp, as systemd writes it
+    state_since: str = ""  # StateChangeTimestamp: when the unit entered its current state
+    state_since_monotonic_us: int | None = None  # the same on CLOCK_MONOTONIC (None: never)
 
     @property
     def ready(self) -> bool:
@@ -85,7 +89,11 @@ class Systemd:
             exit_status=int(p["ExecMainStatus"]) if exited and p.get("ExecMainStatus", "").isdigit() else None,
             status_text=p.get("StatusText", ""), invocation=p.get("InvocationID", ""),
             restarts=int(p.get("NRestarts") or 0), main_pid=int(p.get("MainPID") or 0),
-            need_reload=p.get("NeedDaemonReload") == "yes", digest=_digest_of(p.get("Environment", "")))
+            need_reload=p.get("NeedDaemonReload") == "yes", digest=_digest_of(p.get("Environment", "")),
+            active_since=p.get("ActiveEnterTimestamp", ""), state_since=p.get("StateChangeTimestamp", ""),
+            state_since_monotonic_us=int(p["StateChangeTimestampMonotonic"])
+            if p.get("StateChangeTimestampMonotonic", "0").isdigit() and int(p["StateChangeTimestampMonotonic"])
+            else None)
 
     def running_digest(self, state: UnitState) -> str | None:
         """The digest the running main process was started with (root reads any /proc/PID/environ)."""

@@ -16,7 +16,7 @@ import dataclasses
 from dflashctl.errors import PREFLIGHT_MODEL_MISSING, PREFLIGHT_MODEL_PAIR
 from dflashctl.host import gpus, model_files, model_pair, probes
 from dflashctl.host.model_files import ModelFileError
-from dflashctl.service import gpu_claim
+from dflashctl.service import gpu_claim, sglang_args
 from dflashctl.service.config import InstanceConfig
 
 NAME = "models"  # every check here is named "models: <what>"
@@ -287,3 +287,17 @@ def as_lines(checks: list) -> tuple[list[str], list[str]]:
     lines = {s: [f"{c.name}: {c.summary}" + (f"; fix: {c.fix}" if c.fix else "") for c in checks
                  if c.status == s] for s in ("fail", "warn")}
     return lines["fail"], lines["warn"]
+
+
+def drafter_block_size(cfg: InstanceConfig) -> int | None:
+    """The DFlash drafter's block size as SGLang 0.5.11 reads it (dflash_config.block_size, else the
+    config's top level), from its files where the unit's SGLang reads them; None when they are not
+    on this host or do not say."""
+    if cfg.draft_model is None:
+        return None
+    try:
+        loc = model_files.locate(cfg.draft_model, cfg.draft_model_revision, sglang_args.cache_env(cfg))
+        block = model_pair.dflash_fields(model_files.config(loc))["block_size"]
+    except (ModelFileError, OSError):
+        return None
+    return block if isinstance(block, int) and not isinstance(block, bool) and block > 0 else None

@@ -102,31 +102,8 @@ def fetch_one(repo_id: str, revision: str | None, env: dict[str, str], token: st
     if needed > free:
         raise DflashError(f"not enough disk for {repo_id}", f"{_gib(needed)} to download, "
                           f"{_gib(free)} free in {cache}", "free space or point cacheDir elsewhere", FAILED)
-    fetched = 0
-    for i, f in enumerate(files, 1):
-        mark = f"[{i}/{len(files)}] {f.path} ({_gib(f.size)})"
-        if f.path not in have:
-            try:
-                path = Path(hub.hf_hub_download(repo_id, f.path, revision=commit, cache_dir=str(cache),
-                                                token=token, endpoint=endpoint))
-            except Exception as e:
-                raise DflashError(f"cannot download {repo_id}/{f.path}", _first_line(e),
-                                  (unreachable_fix(endpoint) + "; then " if unreachable(e) else "")
-                                  + "run the same command again: finished files are kept and a "
-                                  "partial one resumes", FAILED)
-            fetched += f.size
-        else:
-            path = snapshot / f.path
-        problem = verify(path, f)
-        if problem:
-            blob = path.resolve()
-            path.unlink(missing_ok=True)
-            blob.unlink(missing_ok=True)  # never leave a bad blob for SGLang to load
-            raise DflashError(f"{repo_id}/{f.path} at {commit} does not match the hub's listing",
-                              problem + "; the file was removed",
-                              "run the same command again; if it repeats, the download is being "
-                              "altered on the way (proxy, disk)", FAILED)
-        say(f"  {mark} {'downloaded, ' if f.path not in have else 'present, '}verified")
+    fetched = sum(_fetch_file(hub, repo_id, commit, f, i, len(files), have, snapshot, cache, token, endpoint, say)
+                  for i, f in enumerate(files, 1))
     if revision and revision != commit:  # SGLang resolves the branch name offline through refs/
         ref = cache / hub_cache.repo_folder(repo_id) / "refs" / revision
         ref.parent.mkdir(parents=True, exist_ok=True)
@@ -139,6 +116,37 @@ def fetch_one(repo_id: str, revision: str | None, env: dict[str, str], token: st
     output.write(manifest, json.dumps(body, indent=1), "the manifest")
     return {"repo": repo_id, "revision": revision, "commit": commit, "files": len(files),
             "bytes": total, "downloaded_bytes": fetched, "cache": str(cache)}
+
+
+def _fetch_file(hub, repo_id: str, commit: str, f, i: int, n: int, have: set, snapshot: Path, cache: Path,
+                token: str | None, endpoint: str | None, say) -> int:
+    """One file of the listing, downloaded unless present, verified against the listing (a file that
+    does not match is removed): the bytes downloaded."""
+    mark = f"[{i}/{n}] {f.path} ({_gib(f.size)})"
+    fetched = 0
+    if f.path not in have:
+        try:
+            path = Path(hub.hf_hub_download(repo_id, f.path, revision=commit, cache_dir=str(cache),
+                                            token=token, endpoint=endpoint))
+        except Exception as e:
+            raise DflashError(f"cannot download {repo_id}/{f.path}", _first_line(e),
+                              (unreachable_fix(endpoint) + "; then " if unreachable(e) else "")
+                              + "run the same command again: finished files are kept and a "
+                              "partial one resumes", FAILED)
+        fetched = f.size
+    else:
+        path = snapshot / f.path
+    problem = verify(path, f)
+    if problem:
+        blob = path.resolve()
+        path.unlink(missing_ok=True)
+        blob.unlink(missing_ok=True)  # never leave a bad blob for SGLang to load
+        raise DflashError(f"{repo_id}/{f.path} at {commit} does not match the hub's listing",
+                          problem + "; the file was removed",
+                          "run the same command again; if it repeats, the download is being "
+                          "altered on the way (proxy, disk)", FAILED)
+    say(f"  {mark} {'downloaded, ' if f.path not in have else 'present, '}verified")
+    return fetched
 
 
 def _first_line(e: Exception) -> str:

@@ -5,7 +5,7 @@ required, additionalProperties (false or a schema), items, minItems, maxItems, a
 `$ref`s into `$defs`. Anything else in a schema is reported as unsupported, never silently passed.
 """
 
-SUPPORTED = {"type", "enum", "const", "properties", "required", "additionalProperties", "items",
+SUPPORTED = {"type", "enum", "const", "properties", "required", "additionalProperties", "items", "$schema",
              "minItems", "maxItems", "anyOf", "$ref", "$defs", "title", "description"}
 _TYPES = {
     "object": lambda v: isinstance(v, dict),

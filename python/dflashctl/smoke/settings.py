@@ -36,7 +36,10 @@ def instance_settings(o: SmokeOptions, spec: RunSpec, port: int, launch: str, fr
     """The instance JSON for one run; `fraction`: the memory fraction the launch plan chose
     (memory.decide_launch), else the flag's or the default."""
     d: dict = {"name": f"smoke-{spec.run.lower()}", "model": spec.target, "host": "127.0.0.1", "port": port,
-               "allowSharedGpus": True, "startTimeoutSec": int(o.start_timeout)}
+               "allowSharedGpus": True, "startTimeoutSec": int(o.start_timeout),
+               # smoke's figures are measured as they always were, without SGLang's metrics (what the
+               # service's default costs is benchmarks/gpu/metrics_cost.sh's measurement)
+               "enableMetrics": False}
     mem = o.mem_fraction_static if o.mem_fraction_static is not None else fraction
     if mem is None and spec.synthetic:
         mem = 0.25 if launch == "together" else 0.5

@@ -25,7 +25,11 @@ names the port that served it (`meta_info.id` / `id` start with "standin-<port>-
 count where a router sent each request. STANDIN_TOKEN_DELAY seconds pass per generated token
 (default 0). Greedy output ids follow the prompt (the same prompt, the same ids: a rollout's canary
 compares them), from token STANDIN_DIVERGE_FROM on shifted by one (a build that decodes differently).
-GET /v1/loads answers as SGLang 0.5.11 does, with the requests this process is answering. Bad requests get SGLang's answers: 400 for JSON that does not parse, for empty
+GET /v1/loads answers as SGLang 0.5.11 does, with the requests this process is answering. With
+--enable-metrics, GET /metrics serves SGLang 0.5.11's families from a recording, moving with this
+process's requests (standin_metrics.py); with --speculative-algorithm the acceptance length is 15.75
+(the recording's), or the number in the file STANDIN_ACCEPT_LENGTH_FILE, read at each scrape (a
+test lowers it there); /v1/loads and /server_info report it too. Bad requests get SGLang's answers: 400 for JSON that does not parse, for empty
 `input_ids`, or for more than STANDIN_CONTEXT (default 4096) input tokens; 401 to a POST without
 `Authorization: Bearer $STANDIN_API_KEY` when that is set (SGLang's --api-key).
 """
@@ -73,6 +77,26 @@ token_delay = float(os.environ.get("STANDIN_TOKEN_DELAY", "0"))
 context = int(os.environ.get("STANDIN_CONTEXT", "4096"))
 counter = iter(range(1, 1 << 62))
 diverge_from = int(os.environ.get("STANDIN_DIVERGE_FROM", "-1"))
+ALGORITHM = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--speculative-algorithm"), None)
+BLOCK = int(next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--speculative-num-draft-tokens"), "16"))
+
+
+def accept_length() -> float | None:
+    """The number in STANDIN_ACCEPT_LENGTH_FILE (a test lowers it there), else the recording's 15.75
+    (the oracle drafter, block 16); None without --speculative-algorithm."""
+    if ALGORITHM is None:
+        return None
+    try:
+        return float(open(os.environ["STANDIN_ACCEPT_LENGTH_FILE"]).read().strip())
+    except (KeyError, OSError, ValueError):
+        return 15.75
+
+
+if "--enable-metrics" in args:  # only then: standin_metrics.py and its recording are beside this file
+    import standin_metrics
+    metrics = standin_metrics.Registry(MODEL, ALGORITHM is not None, BLOCK, accept_length)
+else:
+    metrics = None
 in_flight = 0
 in_flight_lock = threading.Lock()
 
@@ -91,6 +115,8 @@ def loads() -> dict:
     rank = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0, "num_used_tokens": 0,
             "num_total_tokens": 0, "max_total_num_tokens": 4096, "token_usage": 0.0, "gen_throughput": 0.0,
             "cache_hit_rate": 0.0, "utilization": 0.0, "max_running_requests": 48, "num_total_reqs": running}
+    if ALGORITHM is not None:
+        rank["speculative"] = {"accept_length": accept_length(), "accept_rate": 0.0}
     return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "version": "0.5.11",
             "dp_rank_count": 1, "loads": [rank],
             "aggregate": {"total_running_reqs": running, "total_waiting_reqs": 0, "total_reqs": running,
@@ -128,7 +154,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         elif self.path in ("/server_info", "/get_server_info"):
             self.send_json(200, {"model_path": MODEL, "served_model_name": MODEL, "port": port,
                                  "host": host, "tp_size": 1, "dp_size": 1, "version": "0.5.11",
-                                 "internal_states": [{"avg_spec_accept_length": None}]})
+                                 "speculative_algorithm": ALGORITHM,
+                                 "internal_states": [{"avg_spec_accept_length": accept_length()}]})
         else:
             return False
         return True
@@ -166,11 +193,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
         global in_flight
         with in_flight_lock:
             in_flight += 1
+        if metrics is not None:
+            metrics.started(n_in)
+        t0 = time.monotonic()
         try:
             self.answer(self.path, body, f"standin-{port}-{next(counter)}", n_in, max(n_out, 0))
         finally:
             with in_flight_lock:
                 in_flight -= 1
+            if metrics is not None:
+                metrics.finished(n_in, max(n_out, 0), time.monotonic() - t0, bool(body.get("stream")))
 
     def answer(self, path: str, body: dict, rid: str, n_in: int, n_out: int) -> None:
         t0 = time.monotonic()
@@ -193,10 +225,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.end_headers()
+            last = t0
             for i in range(n_out):
                 time.sleep(token_delay)
                 self.wfile.write(b"data: " + json.dumps(piece(i, i == n_out - 1)).encode() + b"\n\n")
                 self.wfile.flush()
+                now = time.monotonic()
+                if metrics is not None:
+                    if i == 0:
+                        metrics.first_token(now - t0)
+                    metrics.token(None if i == 0 else now - last)
+                last = now
             self.wfile.write(b"data: [DONE]\n\n")
             return
         time.sleep(token_delay * n_out)
@@ -213,6 +252,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         ready = time.monotonic() - started >= ready_after
+        if self.path == "/metrics":  # SGLang mounts it at start, before it is ready
+            data = metrics.render().encode() if metrics is not None else b"Not Found"
+            self.send_response(200 if metrics is not None else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if self.path != "/health_generate" and self.ready() and self.worker_get():
             return
         if self.path == "/health_generate" and ready and mode in ("healthy", "die-after-ready"):

@@ -56,4 +56,9 @@ in
   firewall = c.networking.firewall.allowedTCPPorts;
   checks = map (d: d.name) c.system.checks;
   etc = builtins.mapAttrs (_: e: e.source) c.environment.etc;
+  prometheus = {
+    inherit (c.services.prometheus) scrapeConfigs ruleFiles;
+  };
+  grafanaProviders = c.services.grafana.provision.dashboards.settings.providers;
+  monitoringOptions = c.services.dflash.prometheus;
 }

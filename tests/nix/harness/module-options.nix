@@ -16,6 +16,7 @@ let
       ints.positive = type "positive" { };
       ints.unsigned = type "unsigned" { };
       numbers.between = lo: hi: type "between" { inherit lo hi; };
+      numbers.positive = type "positiveNumber" { };
       strMatching = pattern: type "strMatching" { inherit pattern; };
       enum = values: type "enum" { inherit values; };
       nullOr = t: type "nullOr" { of = t; };
@@ -66,4 +67,10 @@ in
     defaultText = module.options.services.dflash.upgrade.defaultText.literal;
   };
   rollout = builtins.mapAttrs (_: declared) module.options.services.dflash.rollout;
+  # Their `enable` defaults read the host's services.prometheus / services.grafana: the text shown.
+  prometheus = builtins.mapAttrs (_: declared) (
+    removeAttrs module.options.services.dflash.prometheus [ "enable" ]
+  );
+  prometheusEnable = module.options.services.dflash.prometheus.enable.defaultText.literal;
+  grafanaEnable = module.options.services.dflash.grafana.enable.defaultText.literal;
 }

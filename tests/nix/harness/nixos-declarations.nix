@@ -57,6 +57,42 @@ in
         }
       );
     };
+    # services.dflash.prometheus and .grafana add to these where the host enables them.
+    services.prometheus = {
+      enable = mkOption {
+        type = types.bool;
+        default = false;
+      };
+      port = mkOption {
+        type = types.port;
+        default = 9090;
+      };
+      scrapeConfigs = listOption types.unspecified;
+      ruleFiles = listOption types.path;
+      exporters = mkOption {
+        type = types.attrsOf (
+          types.submodule {
+            options.enable = mkOption {
+              type = types.bool;
+              default = false;
+            };
+            options.port = mkOption { type = types.port; };
+          }
+        );
+        default = { };
+      };
+    };
+    services.grafana = {
+      enable = mkOption {
+        type = types.bool;
+        default = false;
+      };
+      provision.enable = mkOption {
+        type = types.bool;
+        default = false;
+      };
+      provision.dashboards.settings.providers = listOption types.unspecified;
+    };
     environment.etc = mkOption {
       type = types.attrsOf (types.submodule { options.source = mkOption { type = types.path; }; });
       default = { };

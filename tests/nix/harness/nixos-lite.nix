@@ -4,7 +4,8 @@
 # The host's modules (its own, the flake's nixosModules.dflash, nix/module.nix through imports)
 # are loaded as NixOS loads them: a path is imported, a function is called with { config, lib,
 # pkgs }, a module without `options`/`config` is all config. Only the options nix/module.nix
-# declares get values, as NixOS gives them: the definitions of the highest priority win (a plain
+# declares get values, and the few of NixOS's own it reads (`nixosOptions` below: services.prometheus
+# and services.grafana, declared as the NixOS manual does), as NixOS gives them: the definitions of the highest priority win (a plain
 # one is 100, mkDefault 1000, mkForce 50), mkIf drops a definition whose condition is false, mkMerge
 # splits one; lists concatenate, attribute sets merge, a submodule (and each attribute of an
 # attrsOf submodule) is evaluated from its own definitions with its options' defaults; no
@@ -72,6 +73,7 @@ let
       lines = type "str" { };
       attrs = type "attrs" { };
       ints.positive = type "int" { };
+      numbers.positive = type "number" { };
       ints.unsigned = type "int" { };
       ints.between = _: _: type "int" { };
       either = _: _: type "either" { };
@@ -150,6 +152,34 @@ let
     modulesPath = "/stand-in/nixos/modules";
   };
   load = m: if isFunction m then m args else m;
+  # NixOS's options the module reads (services.prometheus.enable, its exporters, services.grafana.enable).
+  nixosOptions = {
+    options.services = {
+      prometheus.enable = lib.mkEnableOption "Prometheus";
+      prometheus.port = lib.mkOption {
+        type = lib.types.port;
+        default = 9090;
+      };
+      prometheus.scrapeConfigs = lib.mkOption {
+        type = lib.types.listOf lib.types.attrs;
+        default = [ ];
+      };
+      prometheus.ruleFiles = lib.mkOption {
+        type = lib.types.listOf lib.types.path;
+        default = [ ];
+      };
+      prometheus.exporters = lib.mkOption {
+        type = lib.types.attrsOf lib.types.attrs;
+        default = { };
+      };
+      grafana.enable = lib.mkEnableOption "Grafana";
+      grafana.provision.enable = lib.mkEnableOption "provisioning";
+      grafana.provision.dashboards.settings.providers = lib.mkOption {
+        type = lib.types.listOf lib.types.attrs;
+        default = [ ];
+      };
+    };
+  };
   # A module and what it imports (paths imported, functions called), depth first.
   expand =
     m:
@@ -173,7 +203,7 @@ let
           "key"
         ];
       }
-  ) (concatMap expand modules);
+  ) (concatMap expand (modules ++ [ nixosOptions ]));
 
   # Option declarations of all modules, merged (only nix/module.nix declares any).
   mergeOptions =

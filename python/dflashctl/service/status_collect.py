@@ -1,0 +1,256 @@
+"""What `dflashctl status` reads from a host, one sample at a time: each instance and the router.
+
+A sample asks every source once and never raises: what cannot be read is named (`missing`), so a
+host without systemd, without a router, without a driver, or with metrics off still gets every row
+it can fill. Sources, per instance: systemd (instance_control.Systemd.show, the one parser of
+`systemctl show`), its journal (the last line that reads as an error), NVML (host/gpus.py's reader,
+one child per sample; host/gpu_health.assess judges its figures), SGLang 0.5.11's own endpoints
+(/model_info, /v1/loads: running and queued requests, /metrics with enableMetrics: tokens and the
+speculative acceptance length); for the router, its /workers (router_admin) and its /metrics
+(sglang-router 0.3.2's smg_* families). Rates come from two samples (status.py keeps them); one
+sample has only counters and gauges.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from dflashctl.errors import DflashError
+from dflashctl.host import driver, gpu_health, gpus, hub_cache
+from dflashctl.service import canary, monitoring, serve, sglang_args, unit
+from dflashctl.service.config import InstanceConfig
+from dflashctl.service.instance_control import Systemd, UnitState
+from dflashctl.service.metrics_text import Metrics, ParseError
+from dflashctl.service.router import RouterConfig
+from dflashctl.service.router_admin import RouterAdmin, RouterUnreachable
+
+HTTP_TIMEOUT_S = 3.0
+JOURNAL_LINES = 400
+ERROR_LINE = re.compile(r"error|exception|traceback|fatal|failed|killed|out of memory", re.IGNORECASE)
+# serve's warnings and its GPU watch's state and notes ("GPU watch: off: OSError: ..." on a host
+# without NVML) name error words without being the instance's errors; a GPU the watch sees fail is
+# said as "<GPU> failed ...: stopping SGLang", which still counts.
+NOT_AN_ERROR = re.compile(r"^dflashctl serve: (warning|preflight warning|GPU watch): ")
+
+
+def systemd_here() -> str | None:
+    """None when systemd runs this host (sd_booted: /run/systemd/system exists), else why not."""
+    if not os.path.isdir("/run/systemd/system"):
+        return "systemd does not run this host (no /run/systemd/system)"
+    if shutil.which("systemctl") is None:
+        return "systemctl is not on PATH"
+    return None
+
+
+HEALTH_STATE = {"ok": "ok", "warn": "warn", "fail": "fault"}  # gpu_health's verdicts, as status names them
+
+
+@dataclass
+class InstanceSample:
+    cfg: InstanceConfig
+    unit_state: UnitState | None = None
+    last_error: dict | None = None
+    answers: bool = False
+    model_info: dict | None = None
+    loads: dict | None = None
+    metrics: Metrics | None = None
+    gpus: list[dict] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RouterSample:
+    cfg: RouterConfig
+    unit_state: UnitState | None = None
+    workers: dict[str, bool] | None = None  # url -> healthy, as /workers lists them
+    unreachable: bool = False  # its API did not answer at all
+    metrics: Metrics | None = None
+    missing: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Sample:
+    at: float  # time.monotonic()
+    wall: float  # time.time()
+    instances: list[InstanceSample]
+    router: RouterSample | None
+    systemd: str | None  # None: available; else why not
+    nvml: str | None  # None: read; else why not
+
+
+def _get(url: str, path: str, key: str | None) -> tuple[int, bytes]:
+    return canary.request(url, path, key, timeout=HTTP_TIMEOUT_S)
+
+
+def _json(status: int, body: bytes) -> dict | None:
+    if status != 200:
+        return None
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def last_error(unit_name: str) -> dict | None:
+    """The newest line the unit's processes wrote to the journal that reads as an error (priority err
+    or worse, or an error word: SGLang's and serve's lines come as info): {"time", "text"}; None if none."""
+    try:
+        r = subprocess.run(["journalctl", "-u", unit_name, "-n", str(JOURNAL_LINES), "-o", "json", "--no-pager",
+                            "-q"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in reversed(r.stdout.splitlines()):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("_PID") == "1":  # systemd's own lines about the unit: its state is shown already
+            continue
+        text = entry.get("MESSAGE")
+        if isinstance(text, list):  # journald gives non-UTF-8 messages as byte arrays
+            text = bytes(text).decode(errors="replace")
+        if not isinstance(text, str):
+            continue
+        if reads_as_error(text, str(entry.get("PRIORITY", "6"))):
+            us = int(entry.get("__REALTIME_TIMESTAMP", "0") or 0)
+            return {"time": iso(us / 1e6) if us else None, "text": text.strip()[:300]}
+    return None
+
+
+def reads_as_error(text: str, priority: str = "6") -> bool:
+    """A journal line that is an error: priority err or worse, or an error word outside serve's notes."""
+    if priority in ("0", "1", "2", "3"):
+        return True
+    return bool(ERROR_LINE.search(text)) and not NOT_AN_ERROR.match(text)
+
+
+def iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _unit_state(systemd: Systemd, name: str, missing: list[str]) -> UnitState | None:
+    try:
+        state = systemd.show(name)
+    except DflashError as e:
+        missing.append(f"unit state: {e.what} ({e.why})")
+        return None
+    if state.load != "loaded":
+        missing.append(f"unit state: {name} is not installed (LoadState={state.load or '?'})")
+    return state
+
+
+def _nvml() -> tuple[dict, str | None]:
+    """NVML's snapshot (probe_child.nvml_snapshot: answered GPUs, unanswered ones, the count), or why not."""
+    env, found = driver.locate(dict(os.environ))
+    if isinstance(found, DflashError):
+        return {}, f"{found.what}: {found.why}"
+    result = gpus.read(sys.executable, env=env, timeout=10.0)
+    if not result.get("ok"):
+        from dflashctl.host import probes
+        return {}, f"NVML gave no answers ({probes.failure_text(result)})"
+    return result["facts"], None
+
+
+def _gpus_of(cfg: InstanceConfig, snapshot: dict) -> list[dict]:
+    """A row per GPU of the instance (all NVML counts when it names none): memory, and the verdict
+    host/gpu_health.assess gives on NVML's figures; a fault there makes the instance unhealthy. A GPU
+    the settings name that NVML lost or does not count is a fault too, named as assess names it."""
+    answered = {g["index"]: g for g in snapshot.get("gpus", [])}
+    out = []
+    for h in gpu_health.assess(snapshot, cfg.gpus or None):
+        g = answered.get(h.index, {})
+        memory = g.get("memory_mib") or {}
+        out.append({"index": h.index, "name": g.get("name") or h.name, "memory_used_mib": memory.get("used"),
+                    "memory_total_mib": memory.get("total"), "health": HEALTH_STATE[h.status],
+                    "health_detail": h.summary() + (f"; fix: {h.fix()}" if h.fix() else "")})
+    return out
+
+
+def sample_instance(cfg: InstanceConfig, systemd: Systemd | None, nvml: dict,
+                    nvml_missing: str | None, env: dict) -> InstanceSample:
+    s = InstanceSample(cfg)
+    name = unit.unit_name(cfg)
+    if systemd is not None:
+        s.unit_state = _unit_state(systemd, name, s.missing)
+        s.last_error = last_error(name)
+    try:
+        key = serve.read_api_key(cfg, env)
+    except DflashError as e:
+        key = None
+        s.missing.append(f"API key: {e.what} ({e.why}); /model_info and /v1/loads need it")
+    status, body = _get(cfg.base_url, "/model_info", key)
+    s.model_info = _json(status, body)
+    s.loads = _json(*_get(cfg.base_url, "/v1/loads?include=core", key))
+    s.answers = s.model_info is not None or s.loads is not None
+    if not s.answers:
+        why = f"HTTP {status}" if status else body.decode(errors="replace")[:120]
+        s.missing.append(f"SGLang: {cfg.base_url} does not answer ({why})")
+    if cfg.enable_metrics:
+        status, body = _get(cfg.base_url, "/metrics", None)  # SGLang 0.5.11 needs no key there
+        if status == 200:
+            try:
+                s.metrics = Metrics.from_text(body.decode(errors="replace"))
+            except ParseError as e:
+                s.missing.append(f"metrics: {cfg.base_url}/metrics is not Prometheus text ({e})")
+        elif s.answers:
+            s.missing.append(f"metrics: {cfg.base_url}/metrics answered HTTP {status}")
+    else:
+        s.missing.append("metrics: off (enableMetrics is false): tokens/s and acceptance from /v1/loads")
+    if not nvml_missing:  # otherwise named once for the host
+        s.gpus = _gpus_of(cfg, nvml)
+    return s
+
+
+def sample_router(cfg: RouterConfig, admin_key: str | None, key_problem: str | None,
+                  systemd: Systemd | None) -> RouterSample:
+    s = RouterSample(cfg)
+    if systemd is not None:
+        s.unit_state = _unit_state(systemd, "dflash-router.service", s.missing)
+    if key_problem:
+        s.missing.append(f"workers: {key_problem}")
+    else:
+        try:
+            s.workers = {w.url: w.healthy for w in RouterAdmin(cfg.url, admin_key, timeout=HTTP_TIMEOUT_S).workers()}
+        except RouterUnreachable as e:
+            s.unreachable = True
+            s.missing.append(f"workers: {e.what} ({e.why})")
+        except DflashError as e:
+            s.missing.append(f"workers: {e.what} ({e.why})")
+    url = "http://" + monitoring.target(cfg.metrics_host, cfg.metrics_port)  # where Prometheus scrapes it
+    status, body = _get(url, "/metrics", None)
+    if status == 200:
+        try:
+            s.metrics = Metrics.from_text(body.decode(errors="replace"))
+        except ParseError as e:
+            s.missing.append(f"metrics: {url}/metrics is not Prometheus text ({e})")
+    else:
+        s.missing.append(f"metrics: {url}/metrics does not answer "
+                         f"({f'HTTP {status}' if status else body.decode(errors='replace')[:120]})")
+    return s
+
+
+def model_commit(cfg: InstanceConfig) -> str | None:
+    """The commit the instance's revision resolves to in its hub cache (None: local, or not there)."""
+    if hub_cache.is_local(cfg.model):
+        return None
+    try:
+        return hub_cache.inspect(sglang_args.cache_env(cfg), cfg.model, cfg.model_revision).commit
+    except (OSError, ValueError):
+        return None
+
+
+def sample(cfgs: list[InstanceConfig], router_cfg: RouterConfig | None, admin_key: str | None = None,
+           key_problem: str | None = None, use_systemd: bool = True) -> Sample:
+    why_not = systemd_here() if use_systemd else "--no-systemd"
+    systemd = Systemd() if why_not is None else None
+    nvml, nvml_missing = _nvml()
+    env = dict(os.environ)
+    instances = [sample_instance(c, systemd, nvml, nvml_missing, env) for c in cfgs]
+    router = sample_router(router_cfg, admin_key, key_problem, systemd) if router_cfg is not None else None
+    return Sample(time.monotonic(), time.time(), instances, router, why_not, nvml_missing)
