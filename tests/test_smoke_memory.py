@@ -1,12 +1,13 @@
 """Servers sharing a GPU start side by side only where SGLang's own memory rule lets every one of
-them start, whatever the order in which they take their free-memory snapshot (servers.memory_plan)."""
+them start, whatever the order in which they take their free-memory snapshot (memory.memory_plan)."""
 
 import json
 
 from test_smoke import smoke
 
-from dflashctl.smoke import servers
-from dflashctl.smoke.servers import SERVER_OVERHEAD_MIB, RunSpec, memory_plan
+from dflashctl.smoke import memory
+from dflashctl.smoke.memory import SERVER_OVERHEAD_MIB, memory_plan
+from dflashctl.smoke.settings import RunSpec
 
 H200_FREE = 143155  # MiB, tests/data/gpus/h200-idle.json
 # What the H200's default smoke computed (docs/gpu/smoke-oracle-h200.json, launch_plan).
@@ -52,10 +53,10 @@ def test_too_little_memory_means_one_server_at_a_time():
 def test_demands_from_the_files_and_configs(tmp_path):
     from dflashctl.smoke import oracle, synthetic
     pair = oracle.write_pair(tmp_path / "o")
-    d = servers.server_demand_mib(RunSpec("DFLASH", "DFLASH", str(pair.target), str(pair.draft)), 32768)
+    d = memory.server_demand_mib(RunSpec("DFLASH", "DFLASH", str(pair.target), str(pair.draft)), 32768)
     assert d == H200_DEMANDS[1]
     target, _ = synthetic.write_pair(tmp_path / "r")  # dummy weights: counted from the config
-    g = servers.server_demand_mib(RunSpec("grammar", None, str(target), dummy=True), 65536)
+    g = memory.server_demand_mib(RunSpec("grammar", None, str(target), dummy=True), 65536)
     assert g == H200_DEMANDS[3]
 
 

@@ -37,7 +37,7 @@ from router_harness import ENV, Router, free_port  # noqa: E402
 
 from dflashctl.service import config, router_unit  # noqa: E402
 from dflashctl.smoke import oracle  # noqa: E402
-from dflashctl.smoke.servers import DEFAULT_SYNTHETIC_KV_TOKENS  # noqa: E402
+from dflashctl.smoke.settings import DEFAULT_SYNTHETIC_KV_TOKENS  # noqa: E402
 
 T0 = time.monotonic()
 PORTS = {"on": 31010, "off": 31011}

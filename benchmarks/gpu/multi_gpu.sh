@@ -52,7 +52,7 @@ $PY - "$WORK" "$N" <<'PY'
 import json, sys
 from pathlib import Path
 from dflashctl.smoke import oracle
-from dflashctl.smoke.smoke import ORACLE_KV_TOKENS
+from dflashctl.smoke.settings import ORACLE_KV_TOKENS
 work, n = Path(sys.argv[1]), int(sys.argv[2])
 pair = oracle.write_pair(work / "models")
 for i in range(n):

@@ -29,7 +29,7 @@ python3 - "$work" <<'PY'
 import json, sys
 from pathlib import Path
 from dflashctl.smoke import oracle
-from dflashctl.smoke.servers import DEFAULT_SYNTHETIC_KV_TOKENS
+from dflashctl.smoke.settings import DEFAULT_SYNTHETIC_KV_TOKENS
 work = Path(sys.argv[1])
 pair = oracle.write_pair(work / "models")
 for name, port in (("a", 31000), ("b", 31001)):

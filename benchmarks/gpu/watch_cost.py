@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "python"))
 from dflashctl.host import driver  # noqa: E402
 from dflashctl.host.gpu_watch import OFF_ENV, GpuWatch  # noqa: E402
 from dflashctl.smoke import loadgen, oracle  # noqa: E402
-from dflashctl.smoke.servers import DEFAULT_SYNTHETIC_KV_TOKENS  # noqa: E402
+from dflashctl.smoke.settings import DEFAULT_SYNTHETIC_KV_TOKENS  # noqa: E402
 
 PORT = 31100
 

@@ -23,10 +23,11 @@ from pathlib import Path
 from dflashctl import cli_help, inputs, output
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_GPU_FAULT, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
                               SERVER_DIED_AFTER_READY, SERVER_DIED_BEFORE_READY, SERVER_GPU_FAILED, DflashError)
-from dflashctl.host import cuda_home, driver, gpus, hub_cache, kernels
+from dflashctl.host import gpus, hub_cache
 from dflashctl.host.gpu_watch import GpuFailure, GpuWatch
 from dflashctl.lock import locate
 from dflashctl.service import config, gpu_claim, model_check, sdnotify, sglang_args, unit_text
+from dflashctl.service.child_env import child_env as sglang_child_env
 from dflashctl.service.server import Server, _describe, _indent
 from dflashctl.service.stall import GpuMemory
 from dflashctl.service.validate import warnings_for
@@ -272,11 +273,9 @@ def _run(args) -> int:
         print(json.dumps({"argv": argv, "env": child_env}, indent=2))
         return OK
     api_key = read_api_key(cfg, env)
-    child_env = cuda_home.provide(sglang_args.build_env(cfg, env, read_hf_token(cfg, env)), args.python)
-    child_env = kernels.provide(child_env)  # the prebuilt-kernel hook, when DFLASH_PREBUILT_KERNELS is set
-    child_env, found = driver.provide(child_env, cfg.driver_library_dir)  # exits PREFLIGHT_DRIVER on a mismatch
-    say(f"driver: {found.describe()}" if found else
-        "driver: no NVIDIA driver libraries found by discovery; the loader's own search decides")
+    child = sglang_child_env(cfg, args.python, env, read_hf_token(cfg, env))  # PREFLIGHT_DRIVER on a mismatch
+    say(child.driver_line())
+    child_env = child.env
     check_models_cached(cfg, child_env, args.config)  # a file check: kept with --skip-preflight
     if not args.skip_preflight:
         preflight(cfg, args.python, child_env, args.config)

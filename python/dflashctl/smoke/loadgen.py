@@ -130,51 +130,18 @@ def generate(ep: Endpoint, index: int, body: dict, timeout: float,
     r = RequestResult(index)
     conn, headers, prefix = _connection(ep, timeout)
     t0 = time.perf_counter()
-    last: dict | None = None
-    seen = 0
-    counts: list[int] = []  # completion_tokens after each chunk
-    deltas: list[int] | None = []  # ids of an incremental stream; None once it proves cumulative
     try:
         conn.request("POST", prefix + "/generate", body=json.dumps(body), headers=headers)
         resp = conn.getresponse()
         if resp.status != 200:
             r.error = f"HTTP {resp.status}: {resp.read()[:300].decode(errors='replace')}"
             return r
-        if not body.get("stream"):
-            last = json.loads(resp.read())
-            last = last[0] if isinstance(last, list) and last else last  # SGLang's batch form
-            if not isinstance(last, dict) or "error" in last:
-                r.error = f"server error: {last.get('error') if isinstance(last, dict) else last!r}"[:300]
-                return r
-            r.chunks, deltas = 1, None
-            if on_tokens is not None:
-                on_tokens(_tokens_in(last))
-        while body.get("stream"):
-            line = resp.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                r.error = f"server error: {chunk['error']}"
-                return r
-            r.chunks += 1
-            last = chunk
-            deltas = _collect(deltas, chunk, r.chunks)
-            n = _tokens_in(chunk)
-            if n > 0 and r.ttft_s is None:
-                r.ttft_s = time.perf_counter() - t0
-            if on_tokens is not None and n > seen:
-                on_tokens(n - seen)
-            seen = max(seen, n)
-            counts.append(n)
-            if recording is not None:
-                recording.chunk_tokens.append(n)
+        if body.get("stream"):
+            got = _read_stream(resp, r, t0, on_tokens, recording)
+        else:
+            got = _read_whole(resp, r, on_tokens)
+        if got is None:
+            return r
         r.e2e_s = time.perf_counter() - t0
     except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:
         r.e2e_s = time.perf_counter() - t0
@@ -182,21 +149,77 @@ def generate(ep: Endpoint, index: int, body: dict, timeout: float,
         return r
     finally:
         conn.close()
+    last, counts, deltas = got
     if last is None:
         r.error = "the stream ended without a single chunk"
         return r
     if recording is not None:
         recording.final = last
+    _fill(r, last, counts if body.get("stream") else None, deltas)
+    return r
+
+
+def _read_whole(resp, r: RequestResult, on_tokens) -> tuple[dict, list[int], None] | None:
+    """A non-streamed answer: (its body, no chunk counts, no deltas); None after setting r.error."""
+    last = json.loads(resp.read())
+    last = last[0] if isinstance(last, list) and last else last  # SGLang's batch form
+    if not isinstance(last, dict) or "error" in last:
+        r.error = f"server error: {last.get('error') if isinstance(last, dict) else last!r}"[:300]
+        return None
+    r.chunks = 1
+    if on_tokens is not None:
+        on_tokens(_tokens_in(last))
+    return last, [], None
+
+
+def _read_stream(resp, r: RequestResult, t0: float, on_tokens,
+                 recording: Recording | None) -> tuple[dict | None, list[int], list[int] | None] | None:
+    """A streamed answer, chunk by chunk: (the last chunk, completion_tokens after each chunk, the
+    ids of an incremental stream or None once it proves cumulative); None after setting r.error."""
+    last: dict | None = None
+    seen = 0
+    counts: list[int] = []
+    deltas: list[int] | None = []
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:
+            r.error = f"server error: {chunk['error']}"
+            return None
+        r.chunks += 1
+        last = chunk
+        deltas = _collect(deltas, chunk, r.chunks)
+        n = _tokens_in(chunk)
+        if n > 0 and r.ttft_s is None:
+            r.ttft_s = time.perf_counter() - t0
+        if on_tokens is not None and n > seen:
+            on_tokens(n - seen)
+        seen = max(seen, n)
+        counts.append(n)
+        if recording is not None:
+            recording.chunk_tokens.append(n)
+    return last, counts, deltas
+
+
+def _fill(r: RequestResult, last: dict, counts: list[int] | None, deltas: list[int] | None) -> None:
+    """The figures of a finished answer; `counts` None for a non-streamed one (no commits)."""
     meta = last.get("meta_info") or {}
     r.output_tokens = _tokens_in(last)
     r.output_ids = _output_ids(last, deltas, r.output_tokens)
-    r.commits = [b - a for a, b in zip([0] + counts, counts) if b > a] if body.get("stream") else None
+    r.commits = [b - a for a, b in zip([0] + counts, counts) if b > a] if counts is not None else None
     r.server_e2e_s = meta.get("e2e_latency")
     r.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
     r.spec_accept_length = meta.get("spec_accept_length")
     fr = meta.get("finish_reason")
     r.finish_reason = fr.get("type") if isinstance(fr, dict) else fr
-    return r
 
 
 def _collect(deltas: list[int] | None, chunk: dict, k: int) -> list[int] | None:

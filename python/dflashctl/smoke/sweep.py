@@ -17,9 +17,13 @@ and point, and the first point at which a speculative run falls below the baseli
 """
 
 import math
+from typing import TYPE_CHECKING
 
 from dflashctl.errors import USAGE, DflashError
 from dflashctl.smoke import loadgen
+
+if TYPE_CHECKING:  # options.py parses --sweep with this module
+    from dflashctl.smoke.options import SmokeOptions
 
 PHASE_PREFIX = "sweep "
 MAX_POINT = 4096  # more concurrent requests than any single server here would run
@@ -80,7 +84,7 @@ def server_args(points: list[int], requests: int, graphs: bool) -> list[str]:
     return out
 
 
-def run_points(run: str, ep: loadgen.Endpoint, prompts: list, a, watch, say) -> list:
+def run_points(run: str, ep: loadgen.Endpoint, prompts: list, o: "SmokeOptions", watch, say) -> list:
     """Each point: a warm-up of `point` short requests at once, then the measured phase. Not
     streamed: a streamed answer costs the server and this client work per chunk, one chunk per
     decode step, so at high load the baseline (a chunk per token) would pay far more of it than
@@ -88,12 +92,12 @@ def run_points(run: str, ep: loadgen.Endpoint, prompts: list, a, watch, say) -> 
     smoke's own phases stream (time to first token, the acceptance histograms); the points keep
     tokens/s, latency, accept length and each request's output ids."""
     out = []
-    for point in a.sweep_points:
-        order = prompt_order(point, prompts, a.sweep_rounds)
-        warm = [loadgen.payload(p, min(a.max_new_tokens, WARM_UP_TOKENS), stream=False) for p in order[:point]]
-        loadgen.run_phase(ep, f"{run} {phase_name(point)} warm-up", warm, point, a.request_timeout, watch, say)
-        bodies = [loadgen.payload(p, a.max_new_tokens, stream=False) for p in order]
-        phase = loadgen.run_phase(ep, f"{run} {phase_name(point)}", bodies, point, a.request_timeout, watch, say)
+    for point in o.sweep_points:
+        order = prompt_order(point, prompts, o.sweep_rounds)
+        warm = [loadgen.payload(p, min(o.max_new_tokens, WARM_UP_TOKENS), stream=False) for p in order[:point]]
+        loadgen.run_phase(ep, f"{run} {phase_name(point)} warm-up", warm, point, o.request_timeout, watch, say)
+        bodies = [loadgen.payload(p, o.max_new_tokens, stream=False) for p in order]
+        phase = loadgen.run_phase(ep, f"{run} {phase_name(point)}", bodies, point, o.request_timeout, watch, say)
         phase.name = phase_name(point)
         out.append(phase)
     return out
