@@ -129,3 +129,29 @@ def test_internals_names_every_module():
     missing = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
                      if p.stem not in SHARED and p.name != "__init__.py" and p.name not in doc)
     assert not missing, f"docs/INTERNALS.md does not mention: {missing}"
+
+
+LONGEST_FUNCTION = 60  # lines, decorators excluded; argparse set-up (`register`) excepted
+
+
+def long_functions(root: Path) -> list[str]:
+    """Every function of the package longer than LONGEST_FUNCTION lines, as `path:line name (N lines)`;
+    a subcommand's `register(sub)` is a list of add_argument calls and may run longer."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "register":
+                length = node.end_lineno - node.lineno + 1
+                if length > LONGEST_FUNCTION:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    assert long_functions(PKG) == [], "split these into functions that each do one thing"
+
+
+def test_the_length_rule_sees_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(LONGEST_FUNCTION))
+    (tmp_path / "long.py").write_text(f"def too_long():\n{body}\n\n\ndef register(sub):\n{body}\n")
+    assert long_functions(tmp_path) == [f"long.py:1 too_long ({LONGEST_FUNCTION + 1} lines)"]

@@ -69,7 +69,7 @@ def _accept_from_loads(s: InstanceSample) -> float | None:
 def instance_report(history: list[InstanceSample], times: list[float], min_accept: float | None) -> dict:
     s = history[-1]
     cfg = s.cfg
-    problems, missing = [], list(s.missing)
+    missing = list(s.missing)
     generated = [(t, h.metrics.total("sglang:generation_tokens_total") if h.metrics else None)
                  for t, h in zip(times, history)]
     tokens = _rate(generated)
@@ -79,35 +79,9 @@ def instance_report(history: list[InstanceSample], times: list[float], min_accep
         if isinstance(agg, (int, float)):
             tokens, tok_source = float(agg), "loads"  # SGLang's last decode interval: stale when idle
     decoding = tokens is not None and tokens > 0 and tok_source == "metrics"
-    accept, accept_source = None, None
-    if cfg.speculative.algorithm is not None:
-        if s.metrics is not None and s.metrics.has("sglang:spec_accept_length"):
-            readings = []  # the gauge of each sample up to which tokens were generated
-            for (_, a), (_, b), h in zip(generated, generated[1:], history[1:]):
-                if a is not None and b is not None and b > a and h.metrics is not None:
-                    readings.append(h.metrics.maximum("sglang:spec_accept_length"))
-            readings = [r for r in readings if r is not None]
-            if readings:
-                accept, accept_source = sum(readings) / len(readings), "metrics"
-            else:
-                accept, accept_source = s.metrics.maximum("sglang:spec_accept_length"), "metrics, idle"
-        elif (v := _accept_from_loads(s)) is not None:
-            accept, accept_source = v, "loads"
+    accept, accept_source = _acceptance(cfg, s, history, generated)
     state = s.unit_state
-    if state is not None and state.load == "loaded" and not state.ready:
-        detail = f" (exit {state.exit_status})" if state.exit_status is not None else ""
-        text = f": {state.status_text}" if state.status_text else ""
-        problems.append(f"unit {state.active}/{state.sub}{detail}{text}")
-    elif state is not None and state.load != "loaded":
-        problems.append(f"unit {unit.unit_name(cfg)} is not installed")
-    if not s.answers and not problems:
-        problems.append(f"does not answer at {cfg.base_url}")
-    if accept is not None and min_accept is not None and decoding and accept < min_accept:
-        problems.append(f"acceptance length {accept:.2f} below {min_accept:g} while decoding "
-                        "(the drafter, a thinking chat template or the prompt mix: docs/monitoring.md)")
-    for g in s.gpus:
-        if g["health"] == "fault":
-            problems.append(f"GPU {g['index']}: {g['health_detail']}")
+    problems = _instance_problems(cfg, s, accept if decoding else None, min_accept)
     model_path = (s.model_info or {}).get("model_path")
     return {
         "name": cfg.name, "unit": unit.unit_name(cfg), "url": cfg.base_url,
@@ -127,6 +101,48 @@ def instance_report(history: list[InstanceSample], times: list[float], min_accep
         "last_error": s.last_error,
         "healthy": not problems, "problems": problems, "missing": missing,
     }
+
+
+def _acceptance(cfg, s: InstanceSample, history: list[InstanceSample], generated: list) -> tuple:
+    """The acceptance length and where it came from: the gauge averaged over the samples in which
+    tokens were generated, the idle gauge, /v1/loads, or (None, None)."""
+    if cfg.speculative.algorithm is None:
+        return None, None
+    if s.metrics is not None and s.metrics.has("sglang:spec_accept_length"):
+        readings = []  # the gauge of each sample up to which tokens were generated
+        for (_, a), (_, b), h in zip(generated, generated[1:], history[1:]):
+            if a is not None and b is not None and b > a and h.metrics is not None:
+                readings.append(h.metrics.maximum("sglang:spec_accept_length"))
+        readings = [r for r in readings if r is not None]
+        if readings:
+            return sum(readings) / len(readings), "metrics"
+        return s.metrics.maximum("sglang:spec_accept_length"), "metrics, idle"
+    if (v := _accept_from_loads(s)) is not None:
+        return v, "loads"
+    return None, None
+
+
+def _instance_problems(cfg, s: InstanceSample, decoding_accept: float | None,
+                       min_accept: float | None) -> list[str]:
+    """What makes the instance unhealthy: its unit, no answer, acceptance below the floor while
+    decoding (decoding_accept is None when it is not), a faulty GPU."""
+    problems = []
+    state = s.unit_state
+    if state is not None and state.load == "loaded" and not state.ready:
+        detail = f" (exit {state.exit_status})" if state.exit_status is not None else ""
+        text = f": {state.status_text}" if state.status_text else ""
+        problems.append(f"unit {state.active}/{state.sub}{detail}{text}")
+    elif state is not None and state.load != "loaded":
+        problems.append(f"unit {unit.unit_name(cfg)} is not installed")
+    if not s.answers and not problems:
+        problems.append(f"does not answer at {cfg.base_url}")
+    if decoding_accept is not None and min_accept is not None and decoding_accept < min_accept:
+        problems.append(f"acceptance length {decoding_accept:.2f} below {min_accept:g} while decoding "
+                        "(the drafter, a thinking chat template or the prompt mix: docs/monitoring.md)")
+    for g in s.gpus:
+        if g["health"] == "fault":
+            problems.append(f"GPU {g['index']}: {g['health_detail']}")
+    return problems
 
 
 def _metric_or_loads(s: InstanceSample, metric: str, loads_key: str) -> int | None:
@@ -233,10 +249,27 @@ def render(rep: dict, color: bool = False) -> str:
     def paint(text: str, ok: bool) -> str:
         return f"\x1b[{32 if ok else 31}m{text}\x1b[0m" if color else text
 
+    lines = _instance_table(rep["instances"], paint)
+    rt = rep["router"]
+    if rt is None:
+        lines.append(f"router: none ({rep['router_missing']})")
+    else:
+        lines.append(paint(_router_line(rt), rt["healthy"]))
+    missing = _not_read(rep)
+    if missing:
+        lines += ["not read:"] + [f"  {m}" for m in missing]
+    if rep["healthy"]:
+        lines.append(paint("healthy", True))
+    else:
+        lines += [paint("UNHEALTHY:", False)] + [paint(f"  {p}", False) for p in rep["problems"]]
+    return "\n".join(lines)
+
+
+def _instance_table(instances: list[dict], paint) -> list[str]:
     head = ["INSTANCE", "UNIT", "SINCE", "RESTARTS", "GPU", "MODEL", "ALGORITHM", "RUN/QUEUE", "TOK/S", "ACCEPT",
             "LAST ERROR"]
     rows = []
-    for r in rep["instances"]:
+    for r in instances:
         u = r["unit_state"]
         unit_cell = f"{u['active']}/{u['sub']}" if u else ("answers" if r["answers"] else "no answer")
         rev = r["model_commit"] or r["model_revision"]
@@ -253,45 +286,39 @@ def render(rep: dict, color: bool = False) -> str:
                       _num(r["tokens_per_s"], "{:.1f}"), accept, err if len(err) <= 70 else err[:67] + "..."],
                      r["healthy"]))
     widths = [max(len(head[i]), *(len(c[i]) for c, _ in rows)) for i in range(len(head) - 1)] if rows else []
-    lines = []
-    if rows:
-        lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  " + head[-1])
-        for cells, ok in rows:
-            text = "  ".join(c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1]
-            lines.append(paint(text, ok))
-    else:
-        lines.append("no instances")
-    rt = rep["router"]
-    if rt is None:
-        lines.append(f"router: none ({rep['router_missing']})")
-    else:
-        u = rt["unit_state"]
-        state = f"{u['active']}/{u['sub']} since {_age(u['since'])}" if u else "unit state not read"
-        named = lambda ws: ", ".join(f"{w['instance'] or w['url']}" for w in ws) or "none"  # noqa: E731
-        out = named(rt["workers_out_of_rotation"])
-        parts = [f"router {rt['url']}: {state}",
-                 f"in rotation: {named(rt['workers_in_rotation'])}",
-                 f"out: {out}" + (f" ({', '.join(w['url'] for w in rt['workers_out_of_rotation'])})"
-                                  if rt["workers_out_of_rotation"] else "")]
-        if rt["workers_not_listed"]:
-            parts.append(f"not listed: {named(rt['workers_not_listed'])}")
-        parts.append(f"{_num(rt['requests_per_s'], '{:.1f}')} req/s")
-        parts.append(f"{_num(rt['retries_per_s'], '{:.2f}')} retries/s ({_num(rt['retries_total'])} total)")
-        lines.append(paint("; ".join(parts), rt["healthy"]))
+    if not rows:
+        return ["no instances"]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  " + head[-1]]
+    for cells, ok in rows:
+        lines.append(paint("  ".join(c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1], ok))
+    return lines
+
+
+def _router_line(rt: dict) -> str:
+    u = rt["unit_state"]
+    state = f"{u['active']}/{u['sub']} since {_age(u['since'])}" if u else "unit state not read"
+    named = lambda ws: ", ".join(f"{w['instance'] or w['url']}" for w in ws) or "none"  # noqa: E731
+    out = named(rt["workers_out_of_rotation"])
+    parts = [f"router {rt['url']}: {state}",
+             f"in rotation: {named(rt['workers_in_rotation'])}",
+             f"out: {out}" + (f" ({', '.join(w['url'] for w in rt['workers_out_of_rotation'])})"
+                              if rt["workers_out_of_rotation"] else "")]
+    if rt["workers_not_listed"]:
+        parts.append(f"not listed: {named(rt['workers_not_listed'])}")
+    parts.append(f"{_num(rt['requests_per_s'], '{:.1f}')} req/s")
+    parts.append(f"{_num(rt['retries_per_s'], '{:.2f}')} retries/s ({_num(rt['retries_total'])} total)")
+    return "; ".join(parts)
+
+
+def _not_read(rep: dict) -> list[str]:
     missing = [f"{r['name']}: {m}" for r in rep["instances"] for m in r["missing"]]
     if rep["nvml_missing"]:
         missing.insert(0, f"GPUs: {rep['nvml_missing']}")
     if rep["systemd_missing"]:
         missing.insert(0, f"systemd: {rep['systemd_missing']} (no unit state, restarts or journal)")
-    if rt is not None:
-        missing += [f"router: {m}" for m in rt["missing"]]
-    if missing:
-        lines += ["not read:"] + [f"  {m}" for m in missing]
-    if rep["healthy"]:
-        lines.append(paint("healthy", True))
-    else:
-        lines += [paint("UNHEALTHY:", False)] + [paint(f"  {p}", False) for p in rep["problems"]]
-    return "\n".join(lines)
+    if rep["router"] is not None:
+        missing += [f"router: {m}" for m in rep["router"]["missing"]]
+    return missing
 
 
 # ------------------------------------------------------------------------------------- the command
