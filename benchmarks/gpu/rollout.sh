@@ -17,7 +17,8 @@
 # would get nothing; with --max-total-tokens capping every pool (as the smoke does) each holds a
 # few GiB and either can restart beside the other (docs/service.md, "Sharing a GPU").
 # Writes into $OUT: rollout-h200.txt (tables), rollout-h200.json, metrics/ (the recordings),
-# rollout-h200-logs.txt.
+# rollout-h200-logs.txt. Knobs: ROLLOUT_MODE (both; rolling or all: one of the two upgrades only),
+# RECORD_METRICS (1; 0 skips the recordings), ROLLOUT_LIMIT (420 s for the benchmark).
 set -uo pipefail
 OUT=${OUT:-/tmp/rollout-out}; mkdir -p "$OUT/metrics"
 source "$(dirname "$0")/common.sh"
@@ -45,11 +46,13 @@ PY
 { nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
   python3 -c "import sglang_router, importlib.metadata as m; print('sglang', m.version('sglang'), '| sglang-router', sglang_router.__version__)"
 } >"$OUT/rollout-h200.txt" 2>&1
-timeout --signal=INT 200 python3 benchmarks/gpu/record_metrics.py --instance "$work/a.json" --python "$(command -v python3)" \
-  --out "$OUT/metrics" >>"$OUT/rollout-h200.txt" 2>&1
-echo "record_metrics exit $?" >>"$OUT/rollout-h200.txt"
+if [ "${RECORD_METRICS:-1}" = 1 ]; then
+  timeout --signal=INT 200 python3 benchmarks/gpu/record_metrics.py --instance "$work/a.json" --python "$(command -v python3)" \
+    --out "$OUT/metrics" >>"$OUT/rollout-h200.txt" 2>&1
+  echo "record_metrics exit $?" >>"$OUT/rollout-h200.txt"
+fi
 timeout --signal=INT "${ROLLOUT_LIMIT:-420}" python3 benchmarks/rollout_bench.py --instance "$work/a.json" \
-  --instance "$work/b.json" --python "$(command -v python3)" --clients 8 --before 10 --after 10 --healthy-for 5 \
+  --instance "$work/b.json" --python "$(command -v python3)" --mode "${ROLLOUT_MODE:-both}" --clients 8 --before 10 --after 10 --healthy-for 5 \
   --start-timeout 600 --json "$OUT/rollout-h200.json" --work-dir "$work/bench" >>"$OUT/rollout-h200.txt" 2>&1
 echo "rollout_bench exit $?" >>"$OUT/rollout-h200.txt"
 for f in "$work"/bench/serve-*.log "$OUT"/metrics/serve-*.log "$work"/bench/router.log; do
