@@ -65,6 +65,8 @@ def container(request, tmp_path_factory):
     c.suite, c.systemd = suite, SUITES[suite]
     c.copy_tree(REPO / "python", "/opt/dflash-src")
     c.write(f"{TEST_DIR}/standin_server.py", STANDIN.read_text())
+    for facts in ("strict_args.py", "server-args-0.5.11.json"):  # the stand-in parses argv as SGLang 0.5.11
+        c.write(f"{TEST_DIR}/{facts}", (HERE / "data" / "sglang" / facts).read_text())
     # Debian's own packaging and setuptools, no package index: the container needs no network.
     c.run(["python3", "-m", "venv", "--system-site-packages", VENV])
     c.run([f"{VENV}/bin/pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
