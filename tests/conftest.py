@@ -30,3 +30,18 @@ def nixfmt_or_skip() -> str:
             return str(c)
     pytest.skip("skipped: no nixfmt (neither $DFLASH_NIXFMT nor nixfmt on PATH); the layout is "
                 "checked by checks.formatting in tier 2 (nix flake check)")
+
+def update_golden(path: Path, text: str) -> None:
+    """DFLASH_UPDATE_GOLDEN=1 writes `text` to the golden `path`; a golden that changed skips its
+    test, saying so, so that an update run never reports a pass. Refused where CI is set: a golden
+    is rewritten on a developer's machine and its diff reviewed, never made to agree in CI."""
+    if os.environ.get("DFLASH_UPDATE_GOLDEN") != "1":
+        return
+    if os.environ.get("CI"):
+        pytest.fail("DFLASH_UPDATE_GOLDEN=1 with CI set: goldens are rewritten on a developer's machine "
+                    "(and the diff reviewed), never in CI")
+    changed = not path.exists() or path.read_text() != text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if changed:
+        pytest.skip(f"rewrote the golden {path}: review the diff (git diff), then run the tests again")
