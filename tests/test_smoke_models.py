@@ -8,7 +8,7 @@ import sys
 
 from test_models import COMMIT, DRAFT_COMMIT, lay_out
 from test_smoke import smoke
-from test_smoke_lossless import LOAD, h200, real_pair_args
+from test_smoke_lossless import LOAD, real_pair_args
 
 from dflashctl import errors
 
@@ -21,7 +21,7 @@ def run(tmp_path, name: str, target_commit: str):
     lay_out(home, "z-lab/Qwen3-8B-DFlash-b16", DRAFT_COMMIT, FILES, ref="v1")
     p = smoke(tmp_path, *LOAD, "--runs", "baseline,DFLASH", "--json", f"{name}.json", *real_pair_args(),
               "--model-revision", "main", "--draft-model-revision", "v1", "--keep-logs", f"logs-{name}",
-              recs=h200(tmp_path, text=True), HF_HOME=str(home))
+              HF_HOME=str(home))
     assert p.returncode == 0, p.stderr
     return p, json.loads((tmp_path / f"{name}.json").read_text())
 

@@ -132,8 +132,7 @@ def instance_settings(a, spec: RunSpec, port: int, launch: str, fraction: float 
     if a.gpu is not None:
         d["gpus"] = [a.gpu]
     # Milliseconds in SGLang's log stamps: the start-up phases (startup.py) are read from them.
-    # DFLASHCTL_SMOKE_RUN names the run in the server's environment (two runs may share an algorithm).
-    d["environment"] = {"SGLANG_LOG_MS": "1", "DFLASHCTL_SMOKE_RUN": spec.run}
+    d["environment"] = {"SGLANG_LOG_MS": "1"}
     cache = _triton_cache(a)
     if cache:
         d["environment"]["TRITON_CACHE_DIR"] = cache
