@@ -8,6 +8,7 @@ no assertion is about time, only about what was answered and by whom.
 
 import importlib.util
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -19,8 +20,8 @@ import pytest
 
 from dflashctl import cli, errors
 from dflashctl.errors import DflashError
-from dflashctl.service import config, router, router_unit, unit_text
-from router_harness import Load, Router, Standin, free_port, generate_body, request, served_by
+from dflashctl.service import config, router, router_unit
+from router_harness import REPO, Load, Router, Standin, free_port, generate_body, request, served_by
 
 HAVE_ROUTER = importlib.util.find_spec("sglang_router") is not None
 needs_router = pytest.mark.skipif(
@@ -60,13 +61,60 @@ def instance(name: str, port: int, **extra) -> config.InstanceConfig:
     return config.from_dict({"name": name, "model": "m", "port": port, **extra})
 
 
-def test_defaults_come_from_the_data_file_and_keep_off_the_instances_port():
+# The defaults as docs/service.md ("Router", settings table) gives them, each with what was measured
+# behind it (health checks every 2 s and a dead worker out after two: ~4 s; 3 circuit-breaker
+# failures stop 0.3.2's retries going back to a dead worker; ...). Written here, not read.
+MEASURED_DEFAULTS = {
+    "host": "127.0.0.1", "port": 30080, "metricsHost": "127.0.0.1", "metricsPort": 30081, "policy": "round_robin",
+    "healthCheckIntervalSec": 2, "healthCheckTimeoutSec": 5, "healthFailureThreshold": 2,
+    "healthSuccessThreshold": 1, "circuitBreakerFailures": 3, "circuitBreakerOpenSec": 5, "retries": 3,
+    "requestTimeoutSec": 300, "workerStartupTimeoutSec": 3600, "drainSec": 30,
+}
+DEFAULT_FLAGS = {  # the router's flag each default becomes
+    "--host": "127.0.0.1", "--port": "30080", "--prometheus-host": "127.0.0.1", "--prometheus-port": "30081",
+    "--policy": "round_robin", "--health-check-endpoint": "/health", "--health-check-interval-secs": "2",
+    "--health-check-timeout-secs": "5", "--health-failure-threshold": "2", "--health-success-threshold": "1",
+    "--cb-failure-threshold": "3", "--cb-timeout-duration-secs": "5", "--request-timeout-secs": "300",
+    "--worker-startup-timeout-secs": "3600", "--worker-startup-check-interval": "2",
+    "--shutdown-grace-period-secs": "30", "--log-level": "info", "--retry-max-retries": "3",
+}
+
+
+def test_defaults_are_the_measured_ones_and_keep_off_the_instances_port():
     s = router_unit.settings_for([instance("a", 30000), instance("b", 30001)], {})
     assert s["workers"] == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
     assert s["instanceUnits"] == ["dflash-a.service", "dflash-b.service"]
-    data = unit_text.router_unit_data()["defaults"]
-    assert {k: s[k] for k in data} == data
+    assert {k: s[k] for k in MEASURED_DEFAULTS} == MEASURED_DEFAULTS
     assert s["port"] not in (30000, 30001) and s["host"] == s["metricsHost"] == "127.0.0.1"
+
+
+def test_the_docs_table_gives_the_same_defaults():
+    text = (REPO / "docs" / "service.md").read_text()
+    table = text[text.index("**Settings** (router JSON"):]
+    rows = {}
+    for line in table.splitlines()[4:]:
+        if not line.startswith("|"):
+            break
+        keys, default = line.split("|")[1:3]
+        for k, v in zip(re.findall(r"`(\w+)`", keys), default.split(" / ")):
+            rows[k] = v.strip()
+    assert {k: rows[k] for k in MEASURED_DEFAULTS} == {k: str(v) for k, v in MEASURED_DEFAULTS.items()}
+
+
+def test_the_defaults_reach_the_routers_flags():
+    cfg = router.from_dict({"workers": ["http://127.0.0.1:30000"]})
+    argv = router.build_argv(cfg, "py", None, None)
+    assert argv[:3] == ["py", "-m", "sglang_router.launch_router"]
+    flags = {argv[i]: argv[i + 1] for i in range(3, len(argv) - 1) if argv[i].startswith("--")
+             and not argv[i + 1].startswith("--")}
+    assert {f: flags[f] for f in DEFAULT_FLAGS} == DEFAULT_FLAGS
+    assert argv[argv.index("--worker-urls") + 1] == "http://127.0.0.1:30000"
+    assert "--disable-retries" not in argv and "--api-key" not in argv and "--control-plane-api-keys" not in argv
+    none = router.build_argv(router.from_dict({"workers": ["http://127.0.0.1:30000"], "retries": 0}), "py", "k", "a")
+    assert "--disable-retries" in none and "--retry-max-retries" not in none
+    assert none[none.index("--api-key") + 1] == "k"
+    assert none[none.index("--control-plane-api-keys") + 1] == "dflash-admin:dflash admin:admin:a"
+    assert router.masked(none)[none.index("--api-key") + 1] == "***"
 
 
 @pytest.mark.parametrize("given, instances, fragment", [

@@ -150,3 +150,114 @@ def test_output_ids_from_cumulative_and_incremental_streams():
     assert ids_of([chunk([5], 1), chunk([5, 6, 7], 3), chunk([5, 6, 7, 8], 4)]) == [5, 6, 7, 8]
     assert ids_of([chunk([5], 1), chunk([6, 7], 3), chunk([8], 4)]) == [5, 6, 7, 8]
     assert ids_of([chunk([5], 1), chunk([6], 3)]) is None  # a chunk lost its ids: not comparable
+
+
+# --- lossless.py on its own: what compare, describe, judge and cell make of given outputs -------
+
+def runs(base_ids: dict | None, spec_ids: dict, algorithm="DFLASH"):
+    """A baseline and a speculative run (report.RunResult) whose requests carry the given ids:
+    {phase: {index: ids or None}}."""
+    from dflashctl.smoke.loadgen import PhaseResult, RequestResult
+    from dflashctl.smoke.report import RunResult
+
+    def run(name, algo, phases):
+        return RunResult(name, algo, "http://x", phases=[
+            PhaseResult(p, 1, 1.0, [RequestResult(i, output_ids=ids) for i, ids in reqs.items()])
+            for p, reqs in phases.items()])
+    base = None if base_ids is None else run("baseline", None, base_ids)
+    return base, run(algorithm, algorithm, spec_ids)
+
+
+def test_compare_counts_each_request_and_finds_the_first_difference():
+    from dflashctl.smoke import lossless
+    base, spec = runs({"sequential": {0: [1, 2, 3, 4], 1: [5, 6, 7, 8]}, "concurrent": {0: [1, 2, 3, 4]}},
+                      {"sequential": {0: [1, 2, 3, 4], 1: [5, 6, 9, 8]}, "concurrent": {0: [1, 2, 3, 5]}})
+    assert lossless.compare(base, spec) == {
+        "status": "diverged", "compared": 3, "identical": 1, "share_identical": 0.3333,
+        "mean_agreeing_prefix": 3.0, "mean_baseline_tokens": 4.0, "skipped": 0,
+        "first_divergence": {"phase": "sequential", "request": 1, "position": 2, "baseline_token": 7, "token": 9}}
+
+
+def test_the_means_keep_two_decimals():
+    from dflashctl.smoke import lossless
+    base, spec = runs({"concurrent": {0: [1, 2, 3], 1: [4], 2: [5]}}, {"concurrent": {0: [1, 2, 9], 1: [4], 2: [6]}})
+    figures = lossless.compare(base, spec)
+    assert (figures["mean_agreeing_prefix"], figures["mean_baseline_tokens"]) == (1.0, 1.67)  # 3/3, 5/3
+    base, spec = runs({"concurrent": {0: [1], 1: [2], 2: [3]}}, {"concurrent": {0: [1], 1: [9], 2: [9]}})
+    assert lossless.compare(base, spec)["mean_agreeing_prefix"] == 0.33
+
+
+def test_a_shorter_answer_diverges_where_it_ends():
+    from dflashctl.smoke import lossless
+    base, spec = runs({"concurrent": {0: [1, 2, 3]}}, {"concurrent": {0: [1, 2]}})
+    d = lossless.compare(base, spec)["first_divergence"]
+    assert (d["position"], d["baseline_token"], d["token"]) == (2, 3, None)
+    base, spec = runs({"concurrent": {0: [1, 2]}}, {"concurrent": {0: [1, 2, 3]}})
+    d = lossless.compare(base, spec)["first_divergence"]
+    assert (d["position"], d["baseline_token"], d["token"]) == (2, None, 3)
+
+
+def test_requests_lacking_ids_or_a_baseline_request_are_skipped():
+    from dflashctl.smoke import lossless
+    base, spec = runs({"concurrent": {0: [1], 1: None}}, {"concurrent": {0: [1], 1: [2], 2: [3]}, "sequential": {0: [1]}})
+    same = lossless.compare(base, spec)
+    assert (same["status"], same["compared"], same["identical"], same["skipped"]) == ("identical", 1, 1, 3)
+    base, spec = runs({"concurrent": {0: None}}, {"concurrent": {0: [1]}})
+    assert lossless.compare(base, spec) == {"status": "not checked", "skipped": 1,
+                                            "reason": "no request of both runs carried its output token ids"}
+    assert lossless.compare(None, spec) == {
+        "status": "not checked",
+        "reason": "no baseline run to compare with (add baseline to --runs, or --baseline-url with --url)"}
+
+
+def test_describe_and_cell_say_it_in_one_line():
+    from dflashctl.smoke import lossless
+    base, spec = runs({"concurrent": {0: [1, 2], 1: [3, 4]}}, {"concurrent": {0: [1, 2], 1: [3, 5]}})
+    figures = lossless.compare(base, spec)
+    assert lossless.describe("DFLASH", figures) == (
+        "DFLASH vs baseline: 1/2 requests identical, mean agreeing prefix 1.5 of 2 tokens; first difference: "
+        "concurrent request 1, token 1 (baseline 4, DFLASH 5)")
+    assert lossless.cell(figures) == "1/2"
+    same = lossless.compare(*runs({"concurrent": {0: [1]}}, {"concurrent": {0: [1]}}))
+    assert lossless.describe("DFLASH", same) == "DFLASH vs baseline: 1/1 requests identical, mean agreeing prefix 1 of 1 tokens"
+    nothing = lossless.compare(None, spec)
+    assert lossless.describe("DFLASH", nothing).startswith("DFLASH not checked -- no baseline run")
+    assert lossless.cell(nothing) == lossless.cell(None) == "-"
+
+
+@pytest.mark.parametrize("synthetic, require, fatal, warned", [
+    (True, False, True, False), (False, False, False, True), (False, True, True, False), (True, True, True, False)])
+def test_judge_fails_or_warns_a_difference(synthetic, require, fatal, warned):
+    from dflashctl.smoke import lossless
+    base, spec = runs({"concurrent": {0: [1, 2]}}, {"concurrent": {0: [1, 3]}})
+    figures, failure, warning = lossless.judge(base, spec, synthetic, require)
+    assert figures["status"] == "diverged"
+    assert (failure is not None, warning is not None) == (fatal, warned)
+    line = failure or warning
+    assert line.startswith("DFLASH's greedy outputs differ from the baseline's: DFLASH vs baseline: 0/1")
+    if warned:
+        assert line.endswith("(bf16 near ties can do that with real weights; --require-lossless makes it fatal)")
+
+
+def test_judge_passes_identical_outputs_and_leaves_the_baseline_alone():
+    from dflashctl.smoke import lossless
+    base, spec = runs({"concurrent": {0: [1, 2]}}, {"concurrent": {0: [1, 2]}})
+    for synthetic, require in ((True, True), (False, False)):
+        figures, failure, warning = lossless.judge(base, spec, synthetic, require)
+        assert figures["status"] == "identical" and failure is None and warning is None
+    assert lossless.judge(base, base, True, True) == (None, None, None)
+
+
+def test_require_lossless_fails_what_could_not_be_compared():
+    from dflashctl.smoke import lossless
+    base, spec = runs({"concurrent": {0: None}}, {"concurrent": {0: [1]}})
+    assert lossless.judge(base, spec, False, False)[1:] == (None, None)  # said, not failed
+    assert lossless.judge(base, spec, True, False)[1:] == (None, None)
+    _, failure, _ = lossless.judge(base, spec, False, True)
+    assert failure == ("DFLASH: --require-lossless, but its outputs could not be compared with the baseline's "
+                       "(no request of both runs carried its output token ids): nothing proves them lossless")
+    base, spec = runs({"concurrent": {0: [1], 1: None}}, {"concurrent": {0: [1], 1: [2]}})
+    _, failure, _ = lossless.judge(base, spec, False, True)
+    assert failure == ("DFLASH: --require-lossless, but 1 of its requests could not be compared with the "
+                       "baseline's (no output token ids in the answers)")
+    assert lossless.judge(base, spec, False, False)[1:] == (None, None)

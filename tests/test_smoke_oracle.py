@@ -199,8 +199,9 @@ def test_a_value_just_outside_its_band_fails_and_one_on_its_edge_passes(band, go
     if ok:
         assert why is None
     elif got is not None and band["max"] is not None and got > band["max"]:
-        assert why.startswith("DFLASH-poisoned: more drafts accepted than the poisoned drafter gets right: "
-                              f"concurrent accept length {got:g} (rule predicts 9.1839, band 8.1839-10.1839)")
+        assert why == ("DFLASH-poisoned: more drafts accepted than the poisoned drafter gets right: "
+                       f"concurrent accept length {got:g} (rule predicts 9.1839, band 8.1839-10.1839); the server "
+                       "did not load the poisoned drafter, or verify accepted tokens the target would not produce")
     else:
         assert why.startswith("DFLASH-poisoned: drafts that should be accepted were rejected: the draft path "
                               "is broken on this host: concurrent accept length "
@@ -210,3 +211,49 @@ def test_a_value_just_outside_its_band_fails_and_one_on_its_edge_passes(band, go
 def test_no_expectations_judge_nothing():
     assert acceptance.judge("DFLASH", {"concurrent": {"accept_length": 1.0}}, None) == (None, None)
     assert acceptance.judge("DFLASH", {}, {}) == (None, None)
+
+
+def test_the_histogram_counts_tokens_per_verify_step_from_the_stream():
+    from dflashctl.smoke.loadgen import RequestResult
+    source = "streamed chunks (one per decode step), checked against meta_info.spec_verify_ct"
+    reqs = [RequestResult(2, error="HTTP 500", commits=[1, 5], spec_verify_ct=1), RequestResult(3, commits=None),
+            RequestResult(0, commits=[1, 16, 16, 3], spec_verify_ct=3),
+            RequestResult(1, commits=[1, 2, 16], spec_verify_ct=2)]
+    h = acceptance.histogram(reqs)
+    assert h == {"tokens_per_step": {"2": 1, "3": 1, "16": 3}, "steps": 5, "exact": True, "source": source}
+    assert list(h["tokens_per_step"]) == ["2", "3", "16"]  # by size, not as met
+    # a client that read two verify steps as one chunk, or a first chunk of more than the prefill's token
+    assert acceptance.histogram([RequestResult(0, commits=[1, 32], spec_verify_ct=2)]) == {
+        "tokens_per_step": {"32": 1}, "steps": 1, "exact": False, "source": source}
+    assert acceptance.histogram([RequestResult(0, commits=[2, 16], spec_verify_ct=1)])["exact"] is False
+    assert acceptance.histogram([]) == {"tokens_per_step": {}, "steps": 0, "exact": True, "source": source}
+
+
+def test_expectations_cover_the_speculative_runs_of_the_oracle_pair_only():
+    shape, ps = oracle.OracleShape(), [PROMPTS[7], PROMPTS[0]]  # 8.26 and 8.83 tokens per step poisoned
+    bands = acceptance.expectations(shape, ["baseline", "DFLASH", "DDTREE", "EAGLE3", "DFLASH-poisoned"], ps, 1, 256)
+    assert list(bands) == ["DFLASH", "DDTREE", "DFLASH-poisoned"]
+    assert bands["DDTREE"] == bands["DFLASH"] == {"concurrent": {"predicted": 16.0, "min": 15.5, "max": None},
+                                                  "sequential": {"predicted": 16.0, "min": 15.5, "max": None}}
+    poisoned = bands["DFLASH-poisoned"]
+    for phase in ("concurrent", "sequential"):
+        p = poisoned[phase]
+        assert (p["min"], p["max"]) == (round(p["predicted"] - 1, 4), round(p["predicted"] + 1, 4))
+    # the sequential phase sends the first prompt only: its own prediction, not the concurrent one's
+    assert poisoned["sequential"]["predicted"] == round(oracle.expected_accept_length(shape, ps[:1], 256, True), 4)
+    assert poisoned["concurrent"]["predicted"] == round(oracle.expected_accept_length(shape, ps, 256, True), 4)
+    assert poisoned["sequential"]["predicted"] != poisoned["concurrent"]["predicted"]
+
+
+def test_a_broken_run_names_every_phase_out_of_its_band():
+    band = {"predicted": 16.0, "min": 15.5, "max": None}
+    figures, why = acceptance.judge("DFLASH", {"concurrent": {"accept_length": 1.0039}, "sequential": {}},
+                                    {"concurrent": band, "sequential": band})
+    assert figures == {"ok": False, "phases": {
+        "concurrent": {**band, "accept_length": 1.0039, "ok": False},
+        "sequential": {**band, "accept_length": None, "ok": False}}}
+    assert why == ("DFLASH: drafts that should be accepted were rejected: the draft path is broken on this host: "
+                   "concurrent accept length 1.0039 (rule predicts 16, band >= 15.5); "
+                   "sequential accept length none (rule predicts 16, band >= 15.5)")
+    ok, none = acceptance.judge("DFLASH", {"concurrent": {"accept_length": 16.0}}, {"concurrent": band})
+    assert ok == {"ok": True, "phases": {"concurrent": {**band, "accept_length": 16.0, "ok": True}}} and none is None

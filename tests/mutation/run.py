@@ -1,0 +1,159 @@
+"""Mutation testing of the modules that carry dflashctl's proofs and refusals (not part of tests/run).
+
+    python3 tests/mutation/run.py [MODULE ...] [--timeout S] [--work DIR] [--json OUT]
+
+For each module (default: all of MODULES) mutmut (3.8.1, installed from the package index into a
+venv of its own under --work) changes the module's functions one small edit at a time and runs
+the tests that cover the module against each change; a change no test notices "survives". Each
+module runs alone, against its own tests, with a time cap (--timeout, default 1800 s), one test
+process at a time: the suite runs on machines of two shared cores.
+
+mutmut wants the package under src/ and the tests beside it, so each run works on a copy of the
+repository in --work (default ${XDG_CACHE_HOME:-~/.cache}/dflash-tests/mutation): tests/ and the
+rest as they are, python/dflashctl as src/dflashctl. The tests import the mutated copy; those
+that start `python -m dflashctl` in a child process run the original and so kill nothing, which
+is why each module names the in-process tests that cover it.
+
+Survivors listed in tests/mutation/equivalent.json (mutant name -> its diff and why no test can
+tell it from the original) count as equivalent while their diff is unchanged; the kill rate is
+killed / (mutants - equivalent). The table
+and survivors go to docs/testing.md by hand, from the --json output.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MUTMUT = "mutmut==3.8.1"
+TOOLS = [MUTMUT, "pytest==9.2.0", "packaging==26.4"]  # what the mutation venv needs
+# module -> the tests (pytest node ids or files, with -k where a file mixes slow tests in) that cover it
+MODULES = {
+    "smoke/lossless.py": ["tests/test_smoke_lossless.py", "-k", "compare or shorter or lacking or means or describe "
+                          "or judge or require_lossless_fails"],
+    "smoke/acceptance.py": ["tests/test_smoke_oracle.py", "-k", "rules_bands or band_follows or value_just_outside "
+                            "or no_expectations or histogram or expectations_cover or broken_run_names"],
+    "smoke/loadgen.py": ["tests/test_loadgen.py"],
+    "host/probes.py": ["tests/test_probes.py", "tests/test_probes_checks.py"],
+    "service/config.py": ["tests/test_validate.py", "tests/test_config.py"],
+    "service/router.py": ["tests/test_router.py", "-k", "not real and not load and not sync and not kill "
+                          "and not restart and not binary"],
+    "lock/contract.py": ["tests/test_lock.py", "-k", "contract or rule"],
+    "lock/lockdiff.py": ["tests/test_lock.py", "-k", "diff or check or tamper"],
+}
+STATUS = re.compile(r"^\s*(\S+__mutmut_\d+): (.+)$")
+
+
+def sh(argv, **kw):
+    print("+", " ".join(str(a) for a in argv), flush=True)
+    return subprocess.run(argv, check=True, **kw)
+
+
+def venv(work: Path) -> Path:
+    v = work / "venv"
+    py = v / "bin" / "python"
+    stamp = v / "tools.txt"
+    if not py.exists() or not stamp.exists() or stamp.read_text() != "\n".join(TOOLS):
+        shutil.rmtree(v, ignore_errors=True)
+        sh([sys.executable, "-m", "venv", str(v)])
+        sh([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *TOOLS])
+        stamp.write_text("\n".join(TOOLS))
+    return v
+
+
+def workspace(work: Path, module: str, tests: list[str]) -> Path:
+    ws = work / module.replace("/", "-").removesuffix(".py")
+    shutil.rmtree(ws, ignore_errors=True)
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True,
+                           capture_output=True, text=True).stdout.split("\n")
+    for f in files:
+        if not f or f.startswith("python/") or not (REPO / f).is_file():
+            continue
+        (ws / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, ws / f)
+    shutil.copytree(REPO / "python" / "dflashctl", ws / "src" / "dflashctl",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copy2(REPO / "nix" / "python-lock.json", ws / "src" / "dflashctl" / "lock" / "python-lock.json")
+    selection = "\n    ".join(tests)
+    also = "\n    ".join(sorted({f.split("/")[0] for f in files if f and "/" in f} - {"python", "tests"}))
+    (ws / "setup.cfg").write_text(f"""[mutmut]
+source_paths = src
+only_mutate = src/dflashctl/{module}
+pytest_add_cli_args = -p no:cacheprovider -q
+pytest_add_cli_args_test_selection =
+    {selection}
+also_copy =
+    {also}
+""")
+    return ws
+
+
+def results(ws: Path, mutmut: Path) -> dict[str, str]:
+    out = subprocess.run([str(mutmut), "results", "--all", "true"], cwd=ws, capture_output=True, text=True)
+    return {m.group(1): m.group(2).strip() for line in out.stdout.splitlines() if (m := STATUS.match(line))}
+
+
+def show(ws: Path, mutmut: Path, name: str) -> str:
+    out = subprocess.run([str(mutmut), "show", name], cwd=ws, capture_output=True, text=True)
+    return "\n".join(line for line in out.stdout.splitlines() if line.startswith(("-", "+"))
+                     and not line.startswith(("---", "+++")))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("modules", nargs="*", default=list(MODULES), help="e.g. smoke/lossless.py (default: all)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per module (default 1800)")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    p.add_argument("--work", type=Path, default=cache / "dflash-tests" / "mutation")
+    p.add_argument("--json", type=Path, help="write the figures and survivors here")
+    a = p.parse_args()
+    equivalent = json.loads((REPO / "tests" / "mutation" / "equivalent.json").read_text())
+    a.work.mkdir(parents=True, exist_ok=True)
+    v = venv(a.work)
+    mutmut = v / "bin" / "mutmut"
+    report = {}
+    for module in a.modules:
+        ws = workspace(a.work, module, MODULES[module])
+        t0 = time.monotonic()
+        env = {**os.environ, "PATH": f"{v / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHONDONTWRITEBYTECODE": "1"}
+        try:
+            subprocess.run([str(mutmut), "run", "--max-children", "1"], cwd=ws, env=env, timeout=a.timeout,
+                           stdout=subprocess.DEVNULL)
+            capped = False
+        except subprocess.TimeoutExpired:
+            capped = True
+        status = results(ws, mutmut)
+        survived = sorted(n for n, s in status.items() if s != "killed")
+        diffs = {n: show(ws, mutmut, n) for n in survived}
+        # an entry counts only while the mutant is still the change it was judged for
+        equiv = [n for n in survived if equivalent.get(n, {}).get("diff") == diffs[n]]
+        open_ = [n for n in survived if n not in equiv]
+        counted = len(status) - len(equiv)
+        killed = len(status) - len(survived)
+        report[module] = {
+            "mutants": len(status), "killed": killed, "equivalent": len(equiv),
+            "kill_rate": round(killed / counted, 4) if counted else None,
+            "seconds": round(time.monotonic() - t0), "capped": capped,
+            "survivors": {n: {"status": status[n], "why": equivalent[n]["why"] if n in equiv else None,
+                              "diff": diffs[n]} for n in survived},
+        }
+        rate = report[module]["kill_rate"]
+        print(f"{module}: {killed}/{counted} non-equivalent mutants killed"
+              f" ({'-' if rate is None else f'{100 * rate:.1f} %'}), {len(equiv)} equivalent, "
+              f"{len(open_)} open, {report[module]['seconds']} s{' (capped)' if capped else ''}", flush=True)
+        for n in open_:
+            stale = " (equivalent.json has another change under this name: judge it again)" if n in equivalent else ""
+            print(f"  survived: {n} ({status[n]}){stale}\n    " + diffs[n].replace("\n", "\n    "))
+    if a.json:
+        a.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
