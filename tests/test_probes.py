@@ -184,7 +184,7 @@ def test_hung_probes_cost_one_timeout_whatever_the_cores(monkeypatch):
 def test_probe_slots_are_bounded_by_memory_not_cores():
     gib = 2**30
     assert probes.probe_slots(16, 64 * gib) == 16
-    assert probes.probe_slots(16, 3 * gib) == 3 * gib // probes.PROBE_MEMORY_BYTES  # 4: a small host
+    assert probes.probe_slots(16, 3 * gib) == 4  # a small host: 768 MiB a probe
     assert probes.probe_slots(16, 0) == 1  # never none
     assert probes.probe_slots(16, None) == 16  # unknown memory: all at once
 
@@ -279,10 +279,281 @@ def test_deprioritise_nices_the_child_and_its_session(tmp_path):
         if os.getpriority(os.PRIO_PROCESS, child.pid) > probes.BACKGROUND_NICENESS:
             pytest.skip("the tests already run at a lower priority than a background probe's")
         probes.deprioritise(child.pid)
-        assert os.getpriority(os.PRIO_PROCESS, child.pid) == probes.BACKGROUND_NICENESS
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 10
         group = f"/proc/{child.pid}/autogroup"
         if os.path.exists(group):
-            assert open(group).read().split()[-1] == str(probes.BACKGROUND_NICENESS)
+            assert open(group).read().split()[-1] == "10"
     finally:
         child.kill()
         child.wait()
+
+
+# --- the checks on their own: the H200's recorded facts (tests/data/service/h200-probes.json), one
+# thing changed at a time; summaries, fixes and exit codes as the user reads them ------------------
+
+import copy  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+H200 = json.loads((Path(__file__).parent / "data" / "service" / "h200-probes.json").read_text())
+PINS = probes.Stack({"torch": "2.11.0", "sglang-kernel": "0.4.2", "xgrammar": "0.1.32", "sglang": "0.5.11",
+                     "soundfile": "0.13.1", "triton": "3.6.0", "transformers": "5.6.0"}, install="INSTALL")
+
+
+def h200(name: str, **facts) -> dict:
+    r = copy.deepcopy(H200[name])
+    r["facts"].update(facts)
+    return r
+
+
+def failed(error: str, **facts) -> dict:
+    return {"ok": False, "error": error, "facts": facts}
+
+
+def test_the_h200_passes_every_preflight_check():
+    checks = probes.preflight_checks(H200, "xgrammar", "DFLASH", PINS)
+    assert [(c.name, c.status) for c in checks] == [
+        ("driver", "ok"), ("libcuda", "ok"), ("libnuma", "ok"), ("torch", "ok"), ("sgl_kernel", "ok"),
+        ("grammar:xgrammar", "ok"), ("soundfile", "ok"), ("sglang", "ok")]
+    by = {c.name: c for c in checks}
+    assert by["driver"].summary == "driver 580.159.04 (CUDA 13.0), 1 GPU: NVIDIA H200 (9.0, 143771 MiB)"
+    assert by["libcuda"].summary == "libcuda.so.1 -> /usr/local/nvidia/lib64/libcuda.so.580.159.04 (CUDA driver API 13.0)"
+    assert by["libnuma"].summary == "libnuma.so.1 -> /usr/lib/x86_64-linux-gnu/libnuma.so.1.0.0"
+    assert by["torch"].summary == "torch 2.11.0+cu130 (CUDA 13.0, C++11 ABI True), GPU: NVIDIA H200 (9.0)"
+    assert by["sgl_kernel"].summary == "sglang-kernel 0.4.2: sm90/common_ops loads (torch 2.11.0+cu130)"
+    assert by["grammar:xgrammar"].summary == "xgrammar 0.1.32: every name SGLang imports is present"
+    assert by["soundfile"].summary == "soundfile 0.13.1, libsndfile 1.2.2"
+    assert by["sglang"].summary == "sglang 0.5.11: server_args found, --speculative-algorithm DFLASH known"
+    assert all(c.exit_code == 0 and c.fix == "" for c in checks)
+    assert by["driver"].details == {**H200["driver"]["facts"]}
+    assert by["driver"].to_json() == {"name": "driver", "status": "ok", "summary": by["driver"].summary, "fix": "",
+                                      "exit_code": 0, "details": H200["driver"]["facts"]}
+
+
+@pytest.mark.parametrize("version, cuda, ok", [
+    ("580.0", "13.0", True), ("580.159.04", "13.0", True), ("590.1", "13.1", True),
+    ("579.99", "13.0", False), ("575.57.08", "12.9", False), ("550.54.14", "12.4", False),
+    ("580.65", "12.9", False)])
+def test_the_driver_floor_is_580_with_cuda_13(version, cuda, ok):
+    c = probes.check_driver(h200("driver", version=version, cuda=cuda))
+    if ok:
+        assert c.status == "ok" and c.summary.startswith(f"driver {version} (CUDA {cuda}), 1 GPU: NVIDIA H200")
+        return
+    assert (c.status, c.exit_code) == ("fail", errors.PREFLIGHT_DRIVER)
+    assert c.summary == f"driver too old for CUDA 13: driver {version} (CUDA {cuda}), 1 GPU: NVIDIA H200 (9.0, 143771 MiB)"
+    assert c.fix == "driver too old for CUDA 13: need >= 580"
+
+
+def test_a_driver_without_gpus_or_without_nvml_fails():
+    c = probes.check_driver(h200("driver", gpus=[]))
+    assert (c.status, c.summary, c.fix, c.exit_code) == (
+        "fail", "driver 580.159.04 (CUDA 13.0), 0 GPU: none", "check that the GPUs are visible (nvidia-smi)",
+        errors.PREFLIGHT_DRIVER)
+    c = probes.check_driver(failed("OSError: libnvidia-ml.so.1: cannot open shared object file"))
+    assert (c.status, c.summary, c.fix) == ("fail", "no NVIDIA driver on this host (libnvidia-ml.so.1 not found)",
+                                            "install NVIDIA driver >= 580 (CUDA 13)")
+    c = probes.check_driver(failed("NVMLError: Driver/library version mismatch"))
+    assert (c.summary, c.exit_code) == ("NVML failed: NVMLError: Driver/library version mismatch",
+                                        errors.PREFLIGHT_DRIVER)
+    c = probes.check_driver(failed("libnvidia-ml.so.1 is broken"))
+    assert c.summary == "NVML failed: libnvidia-ml.so.1 is broken"
+
+
+def test_torch_must_be_a_cuda_13_build_that_sees_a_gpu():
+    c = probes.check_torch(h200("torch", cuda="12.8", version="2.11.0+cu128"), PINS)
+    assert (c.status, c.exit_code) == ("fail", errors.PREFLIGHT_TORCH)
+    assert c.summary == "torch 2.11.0+cu128 (CUDA 12.8, C++11 ABI True): not a CUDA 13.x build"
+    assert c.fix == "install the locked wheel: torch 2.11.0, the CUDA 13.x build"
+    c = probes.check_torch(h200("torch", cuda=None, version="2.11.0+cpu"))
+    assert c.summary == "torch 2.11.0+cpu (CUDA none: CPU-only build, C++11 ABI True): not a CUDA 13.x build"
+    assert c.fix == "install the locked wheel: the torch version the lock pins, the CUDA 13.x build"
+    c = probes.check_torch(h200("torch", gpu_visible=False))
+    assert (c.status, c.fix) == ("fail", "check the driver and CUDA_VISIBLE_DEVICES; run nvidia-smi")
+    assert c.summary == "torch 2.11.0+cu130 (CUDA 13.0, C++11 ABI True): no GPU visible to torch"
+    c = probes.check_torch(failed("ImportError: libcudart.so.13: cannot open shared object file", version="2.11.0"))
+    assert c.summary == "torch does not import: ImportError: libcudart.so.13: cannot open shared object file"
+
+
+def test_sgl_kernel_for_another_arch_or_another_torch():
+    c = probes.check_sgl_kernel(h200("sgl_kernel", variant="sm100"), PINS)
+    assert (c.status, c.exit_code) == ("warn", 0)
+    assert c.summary == ("sglang-kernel 0.4.2: sm100/common_ops loads (torch 2.11.0+cu130), but sm90/ was expected "
+                         "for compute capability 9.0")
+    assert c.fix == "install the locked wheel: sglang-kernel 0.4.2, built for torch 2.11.0 + CUDA 13"
+    c = probes.check_sgl_kernel(failed("ModuleNotFoundError: No module named 'sgl_kernel'"))
+    assert (c.status, c.summary, c.exit_code) == ("fail", "sgl_kernel (sglang-kernel) is not installed",
+                                                  errors.PREFLIGHT_KERNEL)
+    c = probes.check_sgl_kernel(failed("OSError: libcudart.so.12: cannot open shared object file", version="0.4.2",
+                                       compute_capability="9.0"))
+    assert c.summary == ("sglang-kernel 0.4.2 common_ops does not load on compute capability 9.0: "
+                         "OSError: libcudart.so.12: cannot open shared object file")
+    c = probes.check_sgl_kernel(failed("OSError: boom", version="0.4.2"))
+    assert c.summary == "sglang-kernel 0.4.2 common_ops does not load: OSError: boom"
+
+
+def test_sgl_kernel_built_against_another_torch_is_named_so():
+    error = ("ImportError: /site/sgl_kernel/sm90/common_ops.abi3.so: undefined symbol: "
+             "_ZN3c1017RegisterOperatorsD1Ev")
+    c = probes.check_sgl_kernel(failed(error, version="0.4.2", compute_capability="9.0", torch="2.9.1+cu128"), PINS)
+    assert (c.status, c.exit_code) == ("fail", errors.PREFLIGHT_KERNEL)
+    assert c.summary.startswith("sglang-kernel 0.4.2 sm90/common_ops.abi3.so does not load on compute capability "
+                                "9.0: undefined symbol ")
+    assert c.summary.endswith("this sgl_kernel was built against another torch than torch 2.9.1+cu128 "
+                              "(torch's C++ API differs between builds)")
+    assert c.fix == ("sgl_kernel and torch must come from one build (sglang-kernel 0.4.2 is built for torch 2.11.0, "
+                     "CUDA 13): INSTALL")
+    assert c.details["undefined_symbol"] == "_ZN3c1017RegisterOperatorsD1Ev"
+    c = probes.check_sgl_kernel(failed(error, version="0.4.2"))
+    assert "than the installed torch (" in c.summary and " on compute capability" not in c.summary
+
+
+def test_grammar_backends_missing_names_and_none():
+    c = probes.check_grammar("xgrammar", h200("grammar:xgrammar", version="0.1.10",
+                                              missing_names=["xgrammar.StructuralTag", "xgrammar.Grammar"]), stack=PINS)
+    assert (c.name, c.status, c.exit_code) == ("grammar:xgrammar", "fail", errors.PREFLIGHT_GRAMMAR)
+    assert c.summary == "xgrammar 0.1.10 lacks StructuralTag, Grammar (SGLang imports them)"
+    assert c.fix == "install the locked wheel: xgrammar 0.1.32"
+    c = probes.check_grammar("outlines", failed("ModuleNotFoundError: No module named 'outlines'"), required=False)
+    assert (c.status, c.exit_code) == ("warn", 0)
+    assert c.summary == "outlines is not installed (needed only for --grammar-backend outlines)"
+    c = probes.check_grammar("llguidance", failed("ImportError: bad", version="0.7.30"))
+    assert (c.status, c.summary) == ("fail", "llguidance 0.7.30 does not import: ImportError: bad")
+    c = probes.check_grammar("llguidance", failed("ImportError: bad"))
+    assert c.summary == "llguidance does not import: ImportError: bad"
+    c = probes.check_grammar("xgrammar", h200("grammar:xgrammar", missing_names=["xgrammar.X"]), required=False)
+    assert (c.status, c.summary) == ("warn", "xgrammar 0.1.32 lacks X (SGLang imports them)")
+    c = probes.check_grammar("none", None)
+    assert (c.name, c.status, c.exit_code) == ("grammar:none", "warn", 0)
+    assert c.summary == "grammar backend 'none': JSON-schema, regex and tool-call constraints are refused"
+    assert c.fix == "install the locked xgrammar and use --grammar-backend xgrammar"
+
+
+def test_soundfile_native_libraries_and_sglang():
+    c = probes.check_soundfile(failed("ModuleNotFoundError: No module named 'soundfile'"), PINS)
+    assert (c.status, c.summary, c.exit_code) == ("fail", "soundfile is not installed", errors.PREFLIGHT_SOUNDFILE)
+    assert c.fix == ("install the locked wheel: soundfile 0.13.1 and cffi (SGLang's OpenAI routes import soundfile "
+                     "at start)")
+    c = probes.check_soundfile(failed("ModuleNotFoundError: No module named '_cffi_backend'"))
+    assert c.summary == "soundfile does not import: ModuleNotFoundError: No module named '_cffi_backend'"
+    c = probes.check_native("libnuma.so.1", failed("OSError: libnuma.so.1: cannot open shared object file"))
+    assert (c.name, c.status, c.exit_code) == ("libnuma", "fail", errors.PREFLIGHT_NATIVE)
+    assert c.summary == "libnuma.so.1 does not load: OSError: libnuma.so.1: cannot open shared object file"
+    assert c.fix == "install libnuma (Debian/Ubuntu: apt install libnuma1; Nix: numactl)"
+    c = probes.check_native("libcuda.so.1", failed("OSError: no"))
+    assert c.fix == "install the NVIDIA driver >= 580; libcuda.so.1 comes with it"
+    c = probes.check_sglang(h200("sglang"), "ddtree", PINS)
+    assert (c.status, c.exit_code) == ("fail", errors.PREFLIGHT_SGLANG)
+    assert c.summary == ("sglang 0.5.11 does not know --speculative-algorithm ddtree (it takes DFLASH, EAGLE, EAGLE3, "
+                         "NEXTN, STANDALONE, NGRAM)")
+    assert c.fix == "use a patched SGLang that adds it (see the flake's sglang overrides) or another algorithm"
+    assert probes.check_sglang(h200("sglang"), "dflash").summary == \
+        "sglang 0.5.11: server_args found, --speculative-algorithm DFLASH known"
+    assert probes.check_sglang(h200("sglang"), None).summary == "sglang 0.5.11: server_args found"
+    assert probes.check_sglang(h200("sglang", speculative_algorithms=[]), "DDTREE").status == "ok"  # SGLang decides
+    c = probes.check_sglang(failed("ModuleNotFoundError: No module named 'sglang'"), None, PINS)
+    assert (c.summary, c.fix) == ("sglang is not installed", "install the locked wheel: sglang 0.5.11")
+    c = probes.check_sglang(failed("SyntaxError: bad", version="0.5.11"), None)
+    assert c.summary == "sglang's server_args cannot be read: SyntaxError: bad"
+
+
+def test_the_other_checks_doctor_runs():
+    c = probes.check_triton(failed("ModuleNotFoundError: No module named 'triton'"), PINS)
+    assert (c.status, c.summary, c.fix, c.exit_code) == (
+        "fail", "triton is not installed", "install the locked wheel: triton 3.6.0 (the one torch pins)", errors.FAILED)
+    assert probes.check_triton(failed("ImportError: x", version="3.6.0")).summary == "triton does not import: ImportError: x"
+    assert probes.check_triton({"ok": True, "facts": {"version": "3.6.0"}}).summary == "triton 3.6.0"
+    c = probes.check_flashinfer(failed("ModuleNotFoundError: No module named 'flashinfer'"))
+    assert (c.status, c.summary) == ("warn", "flashinfer is not installed (only --attention-backend triton works)")
+    assert c.fix == "install the locked wheel: flashinfer-python and flashinfer-cubin"
+    c = probes.check_flashinfer(failed("ImportError: y", version="0.6.8.post1"))
+    assert (c.status, c.summary, c.exit_code) == ("fail", "flashinfer 0.6.8.post1 does not import: ImportError: y",
+                                                  errors.FAILED)
+    c = probes.check_flashinfer({"ok": True, "facts": {"version": "0.6.8.post1", "cubins": 0}})
+    assert (c.status, c.summary) == ("warn", "flashinfer 0.6.8.post1: no flashinfer-cubin cubins, kernels compile at "
+                                             "first use (a silent pause of a minute or more)")
+    c = probes.check_flashinfer({"ok": True, "facts": {"version": "0.6.8.post1", "cubins": 812,
+                                                        "cubin_version": "0.6.8.post1"}})
+    assert (c.status, c.summary) == ("ok", "flashinfer 0.6.8.post1, 812 cubins from flashinfer-cubin 0.6.8.post1")
+    c = probes.check_nvcc(failed("FileNotFoundError: no nvcc"))
+    assert c.status == "warn" and c.summary.startswith("the stack has no nvcc (nvidia-cuda-nvcc)")
+    assert c.fix == "install the locked wheel: cuda-toolkit[nvcc,crt,nvvm,cccl] as nix/stack.toml pins it"
+    c = probes.check_nvcc({"ok": True, "facts": {"nvcc_version": "13.0.88", "cu13": "/s/nvidia/cu13"}})
+    assert c.summary == "nvcc 13.0.88 from the stack (/s/nvidia/cu13) for SGLang's JIT kernels"
+    assert probes.check_nvcc({"ok": True, "facts": {"cu13": "/c"}}).summary.startswith("nvcc (no wheel metadata) from")
+    c = probes.check_transformers(failed("ModuleNotFoundError: No module named 'transformers'"), PINS)
+    assert (c.summary, c.fix) == ("transformers is not installed", "install the locked wheel: transformers 5.6.0")
+    assert probes.check_transformers(failed("ImportError: z", version="5.6.0")).summary == \
+        "transformers does not import: ImportError: z"
+    c = probes.check_transformers({"ok": True, "facts": {"version": "5.6.0", "tokenizers": "0.22.2"}})
+    assert c.summary == "transformers 5.6.0 (tokenizers 0.22.2)"
+
+
+def pkg(modules, current, writable=True, path="/s/torch"):
+    return {"modules": modules, "current": current, "writable": writable, "path": path}
+
+
+def test_bytecode_below_nine_in_ten_is_a_warning_with_the_fix():
+    ok = probes.check_bytecode({"ok": True, "facts": {"packages": {"torch": pkg(10, 9), "sglang": pkg(0, 0)}}})
+    assert (ok.status, ok.summary) == ("ok", "torch, sglang: 90 % of 10 modules have current byte code")
+    none = probes.check_bytecode({"ok": True, "facts": {"packages": {}}})
+    assert none.summary == "no package found: none of 0 modules have current byte code"
+    first = probes.check_bytecode({"ok": True, "facts": {"packages": {"torch": pkg(10, 8), "sympy": pkg(4, 4)}}}, "py")
+    assert first.status == "warn"
+    assert first.summary == ("modules without current byte code: torch 8/10: the first start compiles them, about "
+                             "doubling its imports (and writes byte code for the next)")
+    assert first.fix == "py -m compileall -q -j0 /s/torch (what pip and Nix do at install)"
+    env = probes.check_bytecode({"ok": True, "facts": {"dont_write_bytecode": True, "packages": {"torch": pkg(10, 0)}}})
+    assert env.summary.endswith("every start compiles them (PYTHONDONTWRITEBYTECODE is set), which about doubles "
+                                "SGLang's import time")
+    ro = probes.check_bytecode({"ok": True, "facts": {"packages": {"torch": pkg(10, 0, False), "sglang": pkg(10, 0)}}})
+    assert ro.summary.endswith("every start compiles them (their directories are read-only), which about doubles "
+                               "SGLang's import time")
+    assert ro.fix == ("install the stack with its byte code: pip without --no-compile, or the flake's dflash-env "
+                      "(its packages carry byte code)")
+    bad = probes.check_bytecode(failed("RuntimeError: no"))
+    assert (bad.status, bad.summary) == ("warn", "cannot tell whether the stack has byte code: RuntimeError: no")
+
+
+def test_failure_text_finds_the_loaders_line_in_a_long_error():
+    assert probes.failure_text({}) == "unknown failure"
+    assert probes.failure_text({"error": "  - one line  "}) == "one line"
+    long = "\n".join(["[sgl_kernel] CRITICAL: Could not load any common_ops library!", "tried:",
+                      "- sm90: libcudart.so.12: cannot open shared object file", "- sm100: version `GLIBC_2.38'",
+                      "end"])
+    assert probes.failure_text({"error": long}) == "sm90: libcudart.so.12: cannot open shared object file"
+    assert probes.failure_text({"error": "a\nundefined symbol: x\nversion `y'"}) == "undefined symbol: x"
+    assert probes.failure_text({"error": "first\nmiddle\nlast"}) == "first … last"
+    assert probes.not_installed(failed("ModuleNotFoundError: No module named 'x'"))
+    assert not probes.not_installed(failed("ModuleNotFoundError: inner", version="1.0"))
+    assert not probes.not_installed(failed("ImportError: x"))
+    assert probes.evidence({"facts": {"a": 1}, "error": "e", "where": "w", "returncode": 1, "stderr_tail": ["t"],
+                            "timed_out": True, "seconds": 3, "ok": False}) == {
+        "a": 1, "error": "e", "where": "w", "returncode": 1, "stderr_tail": ["t"], "timed_out": True}
+
+
+def test_how_a_child_ended_and_how_many_run_at_once():
+    assert probes.describe_exit(-9) == "crashed: killed by SIGKILL"
+    assert probes.describe_exit(-200) == "crashed: killed by signal 200"
+    assert probes.describe_exit(3) == "exited with status 3 before reporting"
+    gib = 2**30
+    assert probes.probe_slots(8, None) == 8 and probes.probe_slots(0, None) == 1
+    assert probes.probe_slots(8, 3 * gib) == 4  # 768 MiB each
+    assert probes.probe_slots(8, 100 * gib) == 8 and probes.probe_slots(8, 10) == 1
+    mem = probes.available_memory()
+    assert mem is None or mem > 0
+
+
+def test_the_probes_preflight_runs_follow_the_backend():
+    assert probes.preflight_probes("none", None) == {
+        "driver": ("driver", ""), "libcuda": ("native", "libcuda.so.1"), "libnuma": ("native", "libnuma.so.1"),
+        "torch": ("torch", ""), "sgl_kernel": ("sgl_kernel", ""), "soundfile": ("soundfile", ""),
+        "sglang": ("sglang", "")}
+    wanted = probes.preflight_probes("llguidance", "DFLASH")
+    assert wanted["grammar:llguidance"] == ("grammar", "llguidance") and wanted["sglang"] == ("sglang", "DFLASH")
+    assert list(wanted)[-1] == "grammar:llguidance"
+
+
+def test_a_stack_without_a_lock_names_no_version():
+    assert probes.NO_LOCK.wheel("torch") == "the torch version the lock pins"
+    assert PINS.wheel("torch") == "torch 2.11.0" and probes.Stack({"torch": ""}).wheel("torch").startswith("the ")
+    assert probes.NO_LOCK.install.startswith("install the locked stack into this environment: `dflashctl export")
