@@ -213,6 +213,189 @@ def test_router_argv_masks_keys(tmp_path, capsys):
     assert argv[argv.index("--port") + 1] == "30080" and argv[argv.index("--policy") + 1] == "round_robin"
 
 
+# --- router.py on its own: the schema, the settings file, the admin API against a scripted router --
+
+W = ["http://127.0.0.1:30000"]
+
+
+def refused(d) -> list[str]:
+    with pytest.raises(errors.DflashError) as e:
+        router.from_dict(d, origin="r.json")
+    assert e.value.what == "invalid router settings in r.json" and e.value.exit_code == errors.CONFIG
+    assert e.value.fix == 'correct the settings above (docs/service.md, "Router", lists them)'
+    lines = e.value.why.splitlines()
+    assert lines[0] == f"{len(lines) - 1} problem(s)"
+    return [line.strip()[2:] for line in lines[1:]]
+
+
+@pytest.mark.parametrize("d, problems", [
+    ([1], ["the router settings must be a JSON object"]),
+    ({}, ['workers: required (the instances\' URLs, e.g. ["http://127.0.0.1:30000"])']),
+    ({"workers": []}, ["workers: empty; list at least one instance (`dflashctl router-unit --instance FILE`)"]),
+    ({"workers": W, "metricsPort": 30080},
+     ["metricsPort: 30080 is the router's port too; choose another"]),
+    ({"workers": ["http://localhost:30080"]},
+     ["port: 30080 is a worker's port (http://localhost:30080); choose another for the router (default 30080; "
+      "instances default to 30000 and up)"]),
+    ({"workers": ["http://[::1]:30081"]}, ["port: 30081 is a worker's port (http://[::1]:30081); choose another for "
+                                           "the router (default 30080; instances default to 30000 and up)"]),
+    ({"workers": W, "healthCheckTimeoutSec": 1},
+     ["healthCheckTimeoutSec: at least 2 (SGLang's /health takes about 1 s under load; with 1 the router admitted "
+      "no worker at all on the H200)"]),
+    ({"workers": W, "host": "::"}, ["adminApiKeyFile: required when host is '::': the router's admin API (/workers) "
+                                    "can add and remove workers, i.e. redirect every request; without a key anyone "
+                                    "who reaches the port could; set adminApiKeyFile or keep host 127.0.0.1"]),
+    ({"workers": W, "extraArgs": ["--retry-max-retries=9", "--max-payload-size", "1"]},
+     ["extraArgs: --retry-max-retries is set by the setting retries; use that setting"]),
+    ({"workers": W, "retries": 21, "policy": "fastest"},
+     ['policy: must be one of "round_robin", "cache_aware", "power_of_two", "random" (got "fastest")',
+      "retries: must be an integer from 0 to 20 (got 21)"]),
+    ({"workers": ["http://a:1", "http://a:1/"]}, ['workers: must be a list without repeats (got ["http://a:1", '
+                                                  '"http://a:1/"])']),
+    ({"workers": "http://a:1"}, ['workers: must be a list of at most 256 worker URLs (got "http://a:1")']),
+    ({"workers": [7]}, ['workers: must be a list of http:// URLs, e.g. ["http://10.0.0.2:30000"] (got [7])']),
+    ({"workers": ["http://a:x"]}, ['workers: must be a list of URLs with a valid port (\'http://a:x\' has none) '
+                                   '(got ["http://a:x"])']),
+    ({"workers": ["http://a:1/v1"]}, ["workers: must be a list of http:// URLs of the form http://HOST:PORT "
+                                      "('http://a:1/v1' is not) (got [\"http://a:1/v1\"])"]),
+    ({"workers": W, "instanceUnits": ["dflash-a"]},
+     ['instanceUnits: must be a list of unit names, e.g. ["dflash-a.service"] (got ["dflash-a"])']),
+    ({"workers": W, "logLevel": "trace"}, ['logLevel: must be one of "debug", "info", "warn", "error" (got "trace")']),
+], ids=["not-object", "no-workers", "empty-workers", "metrics-port", "worker-port", "worker-port-v6",
+        "health-timeout", "wildcard-no-admin-key", "owned-flag", "two-problems", "repeated-worker", "workers-string",
+        "worker-number", "worker-port-text", "worker-path", "unit-name", "log-level"])
+def test_router_settings_are_refused_each_problem_named(d, problems):
+    assert refused(d) == problems
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.2:30000", "https://h.example:443", "http://[fd00::1]:30000",
+                                 "http://host:30000/"])
+def test_worker_urls_the_router_takes(url):
+    assert router.from_dict({"workers": [url]}).workers == (url.rstrip("/"),)
+
+
+@pytest.mark.parametrize("url", ["ftp://x:1", "http://:1", "http://u@h:1", "http://h:1?q=1", "http://h:1#f"])
+def test_worker_urls_the_router_refuses(url):
+    assert refused({"workers": [url]})[0].startswith("workers: must be a list of http:// URLs of the form")
+
+
+def test_the_settings_file_holds_every_key_and_reads_back():
+    cfg = router.from_dict({"workers": W, "instanceUnits": ["dflash-a.service"], "extraArgs": ["--x"],
+                            "host": "0.0.0.0", "adminApiKeyFile": "/etc/a"})
+    d = router.to_dict(cfg)
+    assert list(d) == list(router.KEYS) and d["workers"] == W and d["extraArgs"] == ["--x"]
+    assert router.from_dict(d) == cfg
+    assert cfg.url == "http://127.0.0.1:30080"
+    assert router.from_dict({"workers": W, "host": "::", "adminApiKeyFile": "/k"}).url == "http://[::1]:30080"
+    assert router.from_dict({"workers": W, "host": "10.1.2.3", "adminApiKeyFile": "/k"}).url == "http://10.1.2.3:30080"
+
+
+def test_the_keys_come_from_the_credentials_directory_or_their_files(tmp_path):
+    (tmp_path / "creds").mkdir()
+    (tmp_path / "creds" / "router-api-key").write_text("from-systemd\n")
+    (tmp_path / "admin").write_text("admin-file\n")
+    cfg = router.from_dict({"workers": W, "apiKeyFile": "/nonexistent", "adminApiKeyFile": str(tmp_path / "admin")})
+    assert router.read_keys(cfg, {"CREDENTIALS_DIRECTORY": str(tmp_path / "creds")}) == ("from-systemd", "admin-file")
+    assert router.read_keys(router.from_dict({"workers": W}), {}) == (None, None)
+    with pytest.raises(errors.DflashError) as e:
+        router.read_keys(cfg, {})
+    assert e.value.what == "cannot read the router's API key /nonexistent"
+
+
+class AdminAPI:
+    """The router's admin routes as sglang-router 0.3.2 answers them: GET /workers, POST /workers,
+    DELETE /workers/ID; records each call; `status` makes every answer that HTTP status."""
+
+    def __init__(self, workers, status=200, key=None):
+        import http.server
+        import threading
+        self.calls, self.workers, self.status, self.key = [], list(workers), status, key
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def answer(self, body):
+                outer.calls.append((self.command, self.path, self.headers.get("Authorization"), body))
+                status = outer.status
+                if outer.key and self.headers.get("Authorization") != f"Bearer {outer.key}":
+                    status = 401
+                data = json.dumps({"workers": [{"url": u + "/", "id": f"w{i}"} for i, u in enumerate(outer.workers)]}
+                                  if self.command == "GET" else {}).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self.answer(None)
+
+            def do_POST(self):
+                self.answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+            def do_DELETE(self):
+                self.answer(None)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
+        self.port = self.server.server_address[1]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_sync_adds_and_removes_workers_through_the_admin_api():
+    api = AdminAPI(["http://127.0.0.1:30000", "http://127.0.0.1:30001"], key="adm")
+    try:
+        cfg = router.from_dict({"workers": ["http://127.0.0.1:30001", "http://127.0.0.1:30002"], "port": api.port})
+        assert router.sync(cfg, "adm") == (["http://127.0.0.1:30002"], ["http://127.0.0.1:30000"])
+        assert api.calls == [("GET", "/workers", "Bearer adm", None),
+                             ("POST", "/workers", "Bearer adm", {"url": "http://127.0.0.1:30002"}),
+                             ("DELETE", "/workers/w0", "Bearer adm", None)]
+        with pytest.raises(errors.DflashError) as e:
+            router.sync(cfg, None)
+        assert (e.value.what, e.value.why) == ("the router's admin API refused GET /workers", "HTTP 401")
+        assert e.value.fix == "set adminApiKeyFile (the unit hands it to `systemctl reload` too)"
+        api.status = 500
+        with pytest.raises(errors.DflashError) as e:
+            router.sync(cfg, "adm")
+        assert e.value.why == "HTTP 500" and e.value.fix == "see `journalctl -u dflash-router`"
+    finally:
+        api.close()
+    with pytest.raises(errors.DflashError) as e:
+        router.sync(cfg, "adm")
+    assert e.value.what == f"cannot reach the router at http://127.0.0.1:{api.port}"
+    assert e.value.fix == "start it first (`systemctl start dflash-router`)"
+
+
+def test_reload_through_the_command_says_what_changed(tmp_path, capsys):
+    api = AdminAPI(["http://127.0.0.1:30000"])
+    try:
+        f = tmp_path / "r.json"
+        f.write_text(json.dumps({"workers": ["http://127.0.0.1:30000"], "port": api.port}))
+        assert cli.main(["router", "--config", str(f), "--sync"]) == 0
+        assert capsys.readouterr().err.strip() == "dflashctl router: added none; removed none"
+        f.write_text(json.dumps({"workers": ["http://127.0.0.1:30009"], "port": api.port}))
+        assert cli.main(["router", "--config", str(f), "--sync"]) == 0
+        assert capsys.readouterr().err.strip() == ("dflashctl router: added http://127.0.0.1:30009; removed "
+                                                   "http://127.0.0.1:30000")
+        assert api.calls[0] == ("GET", "/workers", None, None)  # no admin key set: none sent
+    finally:
+        api.close()
+
+
+def test_a_router_environment_that_cannot_run_is_a_config_error(tmp_path, capsys):
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"workers": W}))
+    assert cli.main(["router", "--config", str(f), "--python", str(tmp_path / "no-python")]) == errors.CONFIG
+    err = capsys.readouterr().err
+    assert f"dflashctl router: http://127.0.0.1:30080 in front of 1 worker(s): {W[0]}" in err
+    assert f"cannot start the router with {tmp_path / 'no-python'}" in err
+    assert "pass --python the router environment's interpreter (sglang-router 0.3.2 installed" in err
+
+
 # --- the real router --------------------------------------------------------------------------------
 
 @needs_router

@@ -43,9 +43,10 @@ MODULES = {
                             "or no_expectations or histogram or expectations_cover or broken_run_names"],
     "smoke/loadgen.py": ["tests/test_loadgen.py"],
     "host/probes.py": ["tests/test_probes.py", "-k", "not doctor"],  # not `dflashctl doctor` in a child
-    "service/config.py": ["tests/test_validate.py", "tests/test_config.py"],
-    "service/router.py": ["tests/test_router.py", "-k", "not real and not load and not sync and not kill "
-                          "and not restart and not binary"],
+    "service/config.py": ["tests/test_validate.py", "tests/test_sglang_args.py", "-k", "not real_process"],
+    "service/router.py": ["tests/test_router.py", "-k", "defaults or docs_table or reach_the_routers or bad_router "
+                          "or instance_keys or rendered_unit or remote_workers or argv_masks or settings_are_refused "
+                          "or worker_urls or settings_file or keys_come or sync_adds or reload_through or cannot_run"],
     "lock/contract.py": ["tests/test_lock.py", "-k", "not cli_"],
     "lock/lockdiff.py": ["tests/test_lock.py", "-k", "not cli_"],
 }
