@@ -215,7 +215,7 @@ STACK = {"torch": wheel("torch", "2.11.0"), "cuda-toolkit": wheel("cuda-toolkit"
          "xgrammar": wheel("xgrammar", "0.1.32"), "soundfile": wheel("soundfile", "0.13.1")}
 TORCH_REQUIRES = ["cuda-toolkit[cublas]==13.0.2; platform_system == 'Linux'", "triton==3.6.0; platform_system == 'Linux'",
                   "nvidia-cudnn-cu13==9.19.0.56; platform_machine == 'x86_64'", "filelock", "sympy>=1.13.3",
-                  "opt-einsum>=3.3; extra == 'opt-einsum'"]
+                  "opt-einsum>=3.3; extra == 'opt-einsum'", "setuptools; python_version >= '3.12'"]
 CONTRACT = specmod.Contract(torch="2.11.0", cuda="13.0", sglang_kernel="0.4.2", xgrammar="0.1.32",
                             required=("soundfile",))
 
@@ -233,7 +233,8 @@ def test_the_stack_keeps_the_contract_on_both_systems():
 def test_torchs_requirements_follow_the_systems_markers():
     from dflashctl.lock import contract as contractmod
     x86 = contractmod.torch_requirements(TORCH_REQUIRES, X86, "3.12")
-    assert list(x86) == ["cuda-toolkit", "triton", "nvidia-cudnn-cu13", "filelock", "sympy"]
+    assert list(x86) == ["cuda-toolkit", "triton", "nvidia-cudnn-cu13", "filelock", "sympy", "setuptools"]
+    assert "setuptools" not in contractmod.torch_requirements(TORCH_REQUIRES, X86, "3.11")  # the lock's Python decides
     assert "nvidia-cudnn-cu13" not in contractmod.torch_requirements(TORCH_REQUIRES, ARM, "3.12")
     assert str(x86["cuda-toolkit"].specifier) == "==13.0.2"
 
@@ -293,6 +294,11 @@ def test_the_triton_rule_wants_the_one_release_torch_pins():
     assert c.check(CONTRACT, X86, no_triton, TORCH_REQUIRES, "3.12") == [
         f"triton on {X86}: expected ==3.6.0 (what torch 2.11.0 requires), found none"]
     assert broken({"triton": wheel("triton", "3.6.0rc1")}, requires=["cuda-toolkit==13.0.2", "triton==3.6.0rc1"]) == []
+    # a release candidate inside the pinned line keeps it (torch nightlies pin triton so)
+    assert broken({"triton": wheel("triton", "3.6.0rc1")}, requires=["cuda-toolkit==13.0.2", "triton==3.6.*"]) == []
+    # a requirement for the lock's Python (3.12) counts, the later line of a name wins
+    assert broken(requires=[*TORCH_REQUIRES, "triton==3.7.*; python_version >= '3.12'"]) == [
+        f"triton on {X86}: expected ==3.7.* (what torch 2.11.0 requires), found 3.6.0"]
 
 
 def test_rules_without_their_facts_are_off():
@@ -386,6 +392,28 @@ def test_every_kind_of_change_is_named_in_the_order_a_reader_cares_about():
     assert ("upgraded", "9.0.0") in {(c.kind, c.new) for c in added}
     assert lockdiff.as_json(changes)[0] == {"system": ARM, "package": "torch", "kind": "re-hashed",
                                             "old": f"{a.sha256[:16]}… 1 B", "new": f"{a.sha256[:16]}… {a.size} B"}
+
+
+def test_added_removed_and_whole_systems_name_what_changed():
+    lock = build()
+    old = lockfile.parse(json.loads(lock.dumps()))
+    gone = old.systems[X86].pop("pycparser")
+    old.systems[X86]["left-pad"] = dataclasses.replace(lock.systems[X86]["packaging"], name="left-pad")
+    old.systems[X86]["packaging"] = dataclasses.replace(old.systems[X86]["packaging"], dependencies=("a", "b"))
+    old.systems["riscv64-linux"] = {"numpy": lock.systems[X86]["numpy"]}
+    old.roots = {X86: lock.roots[X86]}  # none recorded for aarch64: every root is new there
+    by = {(c.system, c.package): c for c in lockdiff.diff(old, lock)}
+    assert (by[X86, "pycparser"].kind, by[X86, "pycparser"].old, by[X86, "pycparser"].new) == (
+        "added", "", f"{gone.version} {gone.file}")
+    left = lock.systems[X86]["packaging"]
+    assert (by[X86, "left-pad"].kind, by[X86, "left-pad"].old, by[X86, "left-pad"].new) == (
+        "removed", f"{left.version} {left.file}", "")
+    assert (by[X86, "packaging"].kind, by[X86, "packaging"].old) == ("deps", "a b")
+    assert by["riscv64-linux", "numpy"].kind == "removed"
+    assert (by[ARM, "roots"].old, by[ARM, "roots"].new) == ("", " ".join(sorted(lock.roots[ARM])))
+    assert by[ARM, "roots"].kind == "setting" and (X86, "roots") not in by
+    table = lockdiff.table([by[X86, "left-pad"]]).splitlines()[1]
+    assert table.split()[-1] == "-" and table.split()[2] == "removed"
 
 
 def test_a_version_that_is_not_pep_440_counts_as_an_upgrade():

@@ -631,14 +631,14 @@ def interpreter(tmp_path, script: str) -> str:
 
 
 def test_what_the_runner_keeps_of_a_child(tmp_path):
-    py = interpreter(tmp_path, 'echo "{\\"ok\\": true, \\"facts\\": {\\"probe\\": \\"$3\\", \\"arg\\": \\"$4\\", '
+    py = interpreter(tmp_path, 'sleep 0.3\necho "{\\"ok\\": true, \\"facts\\": {\\"probe\\": \\"$3\\", \\"arg\\": \\"$4\\", '
                                '\\"env\\": \\"$DFLASH_TEST_MARK\\"}}"\necho "noise on stderr" >&2\n')
     before = time.monotonic()
     r = probes.run_probe(py, "python", env={**os.environ, "DFLASH_TEST_MARK": "seen"})
     took = time.monotonic() - before
     assert (r["probe"], r["arg"], r["ok"], r["returncode"]) == ("python", "", True, 0)
     assert r["facts"] == {"probe": "python", "arg": "", "env": "seen"}
-    assert 0 <= r["seconds"] <= took and round(r["seconds"], 2) == r["seconds"]
+    assert 0.3 <= r["seconds"] <= took and round(r["seconds"], 2) == r["seconds"]  # the child slept 0.3 s
     assert "stderr_tail" not in r and "error" not in r  # a passing probe's noise is not kept
     many = probes.run_probes(py, {"a": ("python", "x"), "b": ("torch", "")}, env={**os.environ, "DFLASH_TEST_MARK": "m"})
     assert {k: (v["facts"]["arg"], v["facts"]["env"]) for k, v in many.items()} == {"a": ("x", "m"), "b": ("", "m")}
