@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "python")]
-from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body, request  # noqa: E402
+from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body, phase, request  # noqa: E402
 
 from dflashctl.service import config, router_unit  # noqa: E402
 
@@ -98,17 +98,6 @@ def retries(metrics_url: str) -> float:
         return float("nan")
     return sum(float(m.group(1)) for m in
                re.finditer(r"^smg_worker_retries_total\{[^}]*\} (\S+)$", body.decode(), re.M))
-
-
-def phase(outcomes, t0: float, t1: float) -> dict:
-    sel = [o for o in outcomes if t0 <= o.start < t1]
-    lat = sorted(o.end - o.start for o in sel if o.status == 200)
-
-    def q(p):
-        return round(lat[min(len(lat) - 1, int(p * len(lat)))], 4) if lat else None
-    return {"requests": len(sel), "failed": sum(o.status != 200 for o in sel),
-            "p50_s": q(0.50), "p99_s": q(0.99), "seconds": round(t1 - t0, 1),
-            "errors": sorted({f"{o.status} {o.error[:120]}" for o in sel if o.status != 200})[:5]}
 
 
 def standin_settings(tmp: Path, n: int, token_delay: str) -> list[Path]:

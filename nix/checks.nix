@@ -1,5 +1,9 @@
-# checks.<system>: what `nix flake check` builds besides every package. Each check is small;
-# the names are literal so the flake's output names can be listed without nixpkgs.
+# checks.<system>: what `nix flake check` builds (it evaluates the packages but builds none of them).
+# Each check is small and none needs the CUDA stack: no check's closure holds dflash-env,
+# dflash-kernels or a wheel of nix/python-lock.json (tests/test_nix_checks.py proves it offline).
+# What needs the stack is a test of the package that builds it anyway:
+# packages.<system>.dflash-env.tests.bytecode (the workflow's build-env job builds it).
+# The names are literal so the flake's output names can be listed without nixpkgs.
 {
   pkgs,
   nixpkgs,
@@ -77,13 +81,6 @@ in
         units: ${toString dflashUnits}
         toplevel: ${toplevel}
       '';
-
-  # The environment's big packages import from byte code, never compiled at each start (their
-  # store paths are read-only): doctor's bytecode check, run on dflash-env's own Python.
-  bytecode = pkgs.runCommand "dflash-check-bytecode" { } ''
-    ${pkgs.dflash-env}/bin/python3 ${./check-bytecode.py}
-    touch $out
-  '';
 
   # services.dflash booted in a NixOS VM with a stand-in SGLang: ready, restart, stop, broken host.
   nixos-vm = import ./vm-test.nix { inherit pkgs self; };

@@ -24,6 +24,7 @@ let
   cfg = config.services.dflash;
   serviceUnit = import ./lib/service-unit.nix;
   routerUnit = import ./lib/router-unit.nix;
+  rolloutUnit = import ./lib/rollout-unit.nix;
   routerDefaults = routerUnit.data.defaults;
   unitText = import ./lib/unit-text.nix;
   instances = lib.filterAttrs (_: i: i.enable) cfg.instances;
@@ -41,8 +42,7 @@ let
 
   settingsOf =
     name: i: serviceUnit.settings name (serviceUnit.withPrebuiltKernels cfg.kernelsPackage i);
-  settingsFile =
-    name: i: pkgs.writeText "dflash-${name}.json" (builtins.toJSON (settingsOf name i));
+  settingsFile = name: i: pkgs.writeText "dflash-${name}.json" (builtins.toJSON (settingsOf name i));
   allSettings = pkgs.writeText "dflash-instances.json" (
     builtins.toJSON { instances = lib.mapAttrs settingsOf instances; }
   );
@@ -61,6 +61,19 @@ let
       touch $out
     '';
   ddtreeInstances = lib.filterAttrs (_: i: i.speculative.algorithm == "DDTREE") instances;
+  # Step 3, where the models are store paths (so the build can read them): the target and its
+  # drafter against each other and SGLang (`--models`: config, tokenizer, weights; exit 79 names
+  # each mismatch). Hub models are checked by serve's preflight, from the instance's cache.
+  modelsCheck =
+    name: i:
+    pkgs.runCommand "dflash-validate-${name}-models" { } ''
+      ${dflashctl} validate ${settingsFile name i} --models
+      touch $out
+    '';
+  inStore = p: p != null && lib.hasPrefix builtins.storeDir p;
+  storeModelInstances = lib.filterAttrs (
+    _: i: inStore i.model && (i.draftModel == null || inStore i.draftModel)
+  ) instances;
 
   speculativeOptions = {
     algorithm = mkOption {
@@ -417,35 +430,55 @@ let
   # merge with a host's own (NixOS list options); everything else is mkDefault, so a host wins.
   serviceOf = d: {
     description = mkDefault d.Unit.Description;
-    after = d.Unit.After;
-    wants = d.Unit.Wants;
+    after = d.Unit.After or [ ];
+    wants = d.Unit.Wants or [ ];
+    before = d.Unit.Before or [ ];
     wantedBy = d.Install.WantedBy;
     unitConfig = lib.mapAttrs (_: mkDefault) (
       removeAttrs d.Unit [
         "Description"
         "After"
         "Wants"
+        "Before"
       ]
     );
     serviceConfig = lib.mapAttrs (_: mkDefault) d.Service;
   };
 
+  directivesOf =
+    name: i:
+    serviceUnit.directives {
+      inherit name dflashctl;
+      instance = i;
+      python = pythonOf i;
+      settingsFile = "${settingsFile name i}";
+    };
+
   unitOf =
     name: i:
-    let
-      d = serviceUnit.directives {
-        inherit name dflashctl;
-        instance = i;
-        python = pythonOf i;
-        settingsFile = "${settingsFile name i}";
-      };
-    in
-    serviceOf d
+    serviceOf (directivesOf name i)
     // {
       # SGLang's first start compiles JIT kernels: nvcc comes from the stack's own wheels (serve
       # points CUDA_HOME at them), the host compiler it and tvm-ffi call (gcc, c++) from here.
       path = [ cfg.hostCompilerPackage ];
+      # upgrade = "rolling": a switch leaves a changed instance running; dflash-rollout.service
+      # restarts it, a batch at a time behind the router.
+      restartIfChanged = cfg.upgrade != "rolling";
     };
+
+  # The rolling upgrade's unit: `dflashctl rollout` over every instance's settings.
+  rolloutService =
+    let
+      d = rolloutUnit.directives {
+        inherit dflashctl instances;
+        instancesFile = "${allSettings}";
+        routerSettingsFile = if rcfg.enable then "/etc/${routerEtc}" else null;
+        instanceDirectives = lib.mapAttrs directivesOf instances;
+        rollout = cfg.rollout;
+      };
+    in
+    serviceOf d // { inherit (d) restartTriggers; };
+  rolloutDefaults = rolloutUnit.data.defaults;
 
   # The router: its settings in /etc (a stable path, so a change of workers alone reloads it),
   # checked at build time by `dflashctl router --dry-run`, which refuses what it would refuse.
@@ -468,10 +501,10 @@ let
     in
     serviceOf d
     // {
-      # Workers added or removed: `systemctl reload` (dflashctl router --sync, no dropped
-      # requests); any other setting: a restart.
-      reloadTriggers = [ (builtins.toJSON routerSettings.workers) ];
-      restartTriggers = [ (builtins.toJSON (removeAttrs routerSettings [ "workers" ])) ];
+      # Workers added or removed (instances, their ports, remoteWorkers): `systemctl reload`
+      # (dflashctl router --sync, no dropped requests); any other setting: a restart.
+      reloadTriggers = (routerUnit.triggers routerSettings).reload;
+      restartTriggers = (routerUnit.triggers routerSettings).restart;
     };
   routerEtc = lib.removePrefix "/etc/" routerUnit.data.settingsPath;
 
@@ -486,15 +519,29 @@ let
   instancesConfig = {
     assertions =
       lib.concatLists (lib.mapAttrsToList serviceUnit.assertions instances)
-      ++ serviceUnit.sharedCacheAssertions instances;
+      ++ serviceUnit.sharedCacheAssertions instances
+      ++ lib.concatLists (
+        lib.mapAttrsToList (
+          name: i:
+          serviceUnit.execAssertions name {
+            inherit dflashctl;
+            python = pythonOf i;
+            settingsFile = "${settingsFile name i}";
+          }
+        ) instances
+      );
 
     warnings = lib.concatLists (lib.mapAttrsToList serviceUnit.warnings instances);
 
-    system.checks = [ settingsCheck ] ++ lib.mapAttrsToList packageCheck ddtreeInstances;
+    system.checks = [
+      settingsCheck
+    ]
+    ++ lib.mapAttrsToList packageCheck ddtreeInstances
+    ++ lib.mapAttrsToList modelsCheck storeModelInstances;
 
-    systemd.services = lib.mapAttrs' (
-      name: i: lib.nameValuePair "dflash-${name}" (unitOf name i)
-    ) instances;
+    systemd.services =
+      lib.mapAttrs' (name: i: lib.nameValuePair "dflash-${name}" (unitOf name i)) instances
+      // lib.optionalAttrs (cfg.upgrade == "rolling") { dflash-rollout = rolloutService; };
 
     # A static user's cacheDir outside /var/cache and /var/lib, created and owned for it.
     systemd.tmpfiles.rules = lib.concatLists (
@@ -537,6 +584,47 @@ in
         C/C++ compiler on the units' PATH, which nvcc and tvm-ffi call when SGLang compiles its JIT
         kernels at the first start (this flake's pinned GCC 14: CUDA 13.0 refuses GCC newer than 15).
       '';
+    };
+    upgrade = mkOption {
+      type = types.enum [
+        "rolling"
+        "restart"
+      ];
+      default = if cfg.router.enable then "rolling" else "restart";
+      defaultText = literalExpression ''if config.services.dflash.router.enable then "rolling" else "restart"'';
+      description = ''
+        What `nixos-rebuild switch` does with instances whose unit changed (a new stack, a changed
+        setting). `"restart"`: NixOS stops every changed instance and starts it again, all at once,
+        so behind the router nothing serves until the first is ready again. `"rolling"`: the switch
+        leaves them running (`restartIfChanged = false`) and starts `dflash-rollout.service`, which
+        runs `dflashctl rollout`: a batch at a time ({option}`services.dflash.rollout.batch`), each
+        instance is taken out of the router, drained, restarted, proven ready by a real decode and
+        a canary of greedy outputs, and put back before the next goes; a failed step stops it with
+        the rest still on the old version and serving (`systemctl status dflash-rollout`, its
+        journal). The switch returns while it runs. Without the router each instance's port is
+        down while it restarts. docs/service.md, "Upgrades", says it step by step.
+      '';
+    };
+    rollout = {
+      batch = mkOption {
+        type = types.ints.positive;
+        default = rolloutDefaults.batch;
+        description = "Instances restarted together by a rolling upgrade (never more out of rotation).";
+      };
+      healthyForSec = mkOption {
+        type = types.ints.unsigned;
+        default = rolloutDefaults.healthyForSec;
+        description = "Seconds a restarted instance must stay in rotation before the next batch goes.";
+      };
+      requireIdentical = mkOption {
+        type = types.bool;
+        default = rolloutDefaults.requireIdentical;
+        description = ''
+          Stop the rollout when an instance's greedy canary outputs differ from what it answered
+          before its restart. Identical is expected when the model, its revision and the kernels did
+          not change; leave it off for an upgrade that changes them (a difference is then a warning).
+        '';
+      };
     };
     kernelsPackage = mkOption {
       type = types.nullOr types.package;
@@ -594,7 +682,9 @@ in
       circuitBreakerOpenSec =
         routerOption types.ints.positive "circuitBreakerOpenSec"
           "Seconds an open circuit breaker keeps a worker out.";
-      retries = routerOption types.ints.unsigned "retries" "Retries of a failed request on other workers.";
+      retries =
+        routerOption types.ints.unsigned "retries"
+          "Retries of a failed request on other workers.";
       requestTimeoutSec =
         routerOption types.ints.positive "requestTimeoutSec"
           "Seconds a request may take before the router gives up on it (a hung GPU).";
@@ -674,7 +764,13 @@ in
   config = lib.mkMerge [
     (lib.mkIf (instances != { }) instancesConfig)
     (lib.mkIf rcfg.enable {
-      assertions = routerUnit.assertions rcfg instances;
+      assertions =
+        routerUnit.assertions rcfg instances
+        ++ routerUnit.execAssertions {
+          inherit dflashctl;
+          python = routerPython;
+          settingsFile = "/etc/${routerEtc}";
+        };
       system.checks = [ routerCheck ];
       environment.etc.${routerEtc}.source = routerSettingsFile;
       systemd.services.dflash-router = routerService;

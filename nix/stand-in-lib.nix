@@ -4,6 +4,7 @@
   escapeShellArgs = l: builtins.concatStringsSep " " (map (s: "'${s}'") l);
   escapeShellArg = s: "'${s}'";
   optionalAttrs = cond: attrs: if cond then attrs else { };
+  optionalString = cond: s: if cond then s else "";
   hasSuffix =
     suffix: s:
     let

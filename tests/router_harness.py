@@ -7,6 +7,7 @@ request when the previous one is answered, bounded by a request count and a dead
 """
 
 import http.client
+import importlib.util
 import json
 import os
 import signal
@@ -19,6 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
+
+HAVE_ROUTER = importlib.util.find_spec("sglang_router") is not None
+needs_router = pytest.mark.skipif(
+    not HAVE_ROUTER, reason="sglang-router 0.3.2 is not installed (pip install -e 'python[test]'; tests/run does)")
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -233,3 +239,21 @@ class Load:
             t.join(timeout=self.timeout + 5)
         with self._lock:
             return list(self.outcomes)
+
+
+def phase(outcomes: list[Outcome], t0: float, t1: float) -> dict:
+    """Requests sent in [t0, t1): how many, how many failed, latency p50/p99 of the answered ones,
+    the longest stretch without any successful answer, and the first few distinct errors."""
+    sel = [o for o in outcomes if t0 <= o.start < t1]
+    lat = sorted(o.end - o.start for o in sel if o.status == 200)
+
+    def q(p):
+        return round(lat[min(len(lat) - 1, int(p * len(lat)))], 4) if lat else None
+    ends = sorted(o.end for o in sel if o.status == 200)
+    until = min(t1, max((o.end for o in sel), default=t1))  # the window may reach past the load's end
+    gaps = [b - a for a, b in zip([t0] + ends, ends + [until])]
+    return {"requests": len(sel), "failed": sum(o.status != 200 for o in sel),
+            "p50_s": q(0.50), "p99_s": q(0.99), "seconds": round(t1 - t0, 1),
+            "longest_without_answer_s": round(max(gaps), 2) if gaps else None,
+            "errors": sorted({f"{o.status} {o.error[:120]}" for o in sel if o.status != 200})[:5]}
+

@@ -132,6 +132,9 @@ def test_fixture_stack_passes(libs, tmp_path):
     # libuser.so (libdep.so.1 from its dependency, libm from glibc), libdep.so.1 twice, _ext.so.
     assert report["elf_files"] == 4 and report["problems"] == []
     assert report["replacements"] == 2  # the real triton fix-up's two --replace-fail edits
+    # The dev shell's .py files (user, flashinfer, torch-c-dlpack-ext, triton's two, pytest), each
+    # compiled at levels 0 and 1; build_backend.py and its byte code removed by both fix-ups.
+    assert report["bytecode_files"] == 12 and report["scripts"] == 0
     # A second run reads the cached scans, not the zips.
     assert sorted(p.name for p in tmp_path.glob("*.scan.json")) == sorted(
         p.name + ".scan.json" for p in tmp_path.glob("*.whl"))
@@ -258,3 +261,70 @@ def test_multi_line_quoted_replacements_are_read_not_skipped():
         "$out/lib/a.py", "\n    a = 1\n",
         '\n    try:\n        a = 1\n    except OSError:  # "quoted"\n        a = 2\n', True),)
     assert fx.removed == ("$out/b",)
+
+
+def entry_points(*scripts: str) -> str:
+    return "[console_scripts]\n" + "".join(f"{s} = tool.cli:main\n" for s in scripts)
+
+
+def test_the_same_py_in_two_wheels_collides_as_byte_code(libs, tmp_path):
+    """Identical .py files at one path are no collision, but the install hook compiles each into a
+    .pyc naming its own package's store path: those differ."""
+    same = "def f():\n    return 1\n"
+    a = make_wheel(tmp_path, "twin-a", "1.0", {"common/same.py": same, "common/a.json": "{}"})
+    b = make_wheel(tmp_path, "twin-b", "1.0", {"common/same.py": same})
+    done = audit(write_lock(tmp_path, stack(libs, tmp_path, **{"twin-a": a, "twin-b": b})), tmp_path)
+    assert done.returncode == 1
+    assert (f"{SYSTEM} dflash-env: lib/python3.12/site-packages/common/__pycache__/same.cpython-312.pyc "
+            f"is installed by both twin_a-1.0-py3-none-{PLATFORM_TAG}.whl and "
+            f"twin_b-1.0-py3-none-{PLATFORM_TAG}.whl with different content (byte code the install "
+            "hook compiles for each of them") in done.stderr
+    assert "common/__pycache__/same.cpython-312.opt-1.pyc" in done.stderr
+    assert "common/same.py is installed" not in done.stderr  # the sources themselves are equal
+
+
+def test_a_fixup_that_removes_a_py_but_not_its_byte_code(libs, tmp_path):
+    """The install hook compiles before a fix-up's postInstall runs: removing the .py alone leaves
+    its .pyc, which still collides; removing both (as flashinfer-python's fix-up does) does not."""
+    fixups = tmp_path / "fixups"
+    shutil.copytree(REPO / "overlays" / "fixups", fixups)
+    same = "X = 1\n"
+    pkgs = stack(libs, tmp_path, **{
+        "twin-a": make_wheel(tmp_path, "twin-a", "1.0", {"common/same.py": same}),
+        "twin-b": make_wheel(tmp_path, "twin-b", "1.0", {"common/same.py": same})})
+    lock = write_lock(tmp_path, pkgs)
+    site = "$out/${python.sitePackages}"
+    (fixups / "twin-b.nix").write_text(
+        "{ python, ... }:\nprev: {\n  postInstall = (prev.postInstall or \"\") + ''\n"
+        f"    rm -f {site}/common/same.py\n  '';\n}}\n")
+    done = audit(lock, tmp_path, "--fixups", str(fixups))
+    assert done.returncode == 1
+    assert "common/__pycache__/same.cpython-312.pyc is installed by both" in done.stderr
+    (fixups / "twin-b.nix").write_text(
+        "{ python, ... }:\nprev: {\n  postInstall = (prev.postInstall or \"\") + ''\n"
+        f"    rm -f {site}/common/same.py {site}/common/__pycache__/same.*.pyc\n  '';\n}}\n")
+    done = audit(lock, tmp_path, "--fixups", str(fixups))
+    assert done.returncode == 0, done.stderr
+
+
+def test_two_wheels_with_one_entry_point_script(libs, tmp_path):
+    """console_scripts become bin/NAME in each package (wrapped with its own store path): one name
+    in two wheels collides, as does a script a wheel ships in its .data/scripts."""
+    a = make_wheel(tmp_path, "tool-a", "1.0", {"tool_a/__init__.py": "",
+                                               "tool_a-1.0.dist-info/entry_points.txt": entry_points("tool", "a-only")})
+    b = make_wheel(tmp_path, "tool-b", "1.0", {"tool_b/__init__.py": "",
+                                               "tool_b-1.0.dist-info/entry_points.txt": entry_points("tool")})
+    done = audit(write_lock(tmp_path, stack(libs, tmp_path, **{"tool-a": a, "tool-b": b})), tmp_path)
+    assert done.returncode == 1
+    assert (f"{SYSTEM} dflash-env: bin/tool is installed by both tool_a-1.0-py3-none-{PLATFORM_TAG}.whl "
+            f"and tool_b-1.0-py3-none-{PLATFORM_TAG}.whl with different content (an entry-point "
+            "script of each") in done.stderr
+    assert "bin/a-only" not in done.stderr
+    c = make_wheel(tmp_path, "tool-b", "1.0", {"tool_b/__init__.py": "",
+                                               "tool_b-1.0.data/scripts/a-only": "#!/bin/sh\n"})
+    done = audit(write_lock(tmp_path, stack(libs, tmp_path, **{"tool-a": a, "tool-b": c})), tmp_path, "--json")
+    assert done.returncode == 1
+    assert "bin/a-only is installed by both" in done.stderr
+    a_alone = audit(write_lock(tmp_path, stack(libs, tmp_path, **{"tool-a": a})), tmp_path, "--json")
+    assert a_alone.returncode == 0, a_alone.stderr
+    assert json.loads(a_alone.stdout)["systems"][SYSTEM]["scripts"] == 2

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import update_golden
 
+from dflashctl import errors
+
 DATA = Path(__file__).parent / "data" / "doctor"
 BASE = ["torch==2.13.0", "transformers", "pydantic", "numpy", "sentencepiece", "tiktoken", "triton==3.6.0"]
 VARIANTS = {
@@ -223,5 +225,5 @@ def test_diff_refuses_a_file_that_is_not_a_fingerprint(tmp_path):
     bogus = tmp_path / "x.json"
     bogus.write_text("{}")
     proc = diff(bogus, bogus)
-    assert proc.returncode == 1 and "is not a dflashctl fingerprint" in proc.stderr
+    assert proc.returncode == errors.INPUT and "is not a dflashctl fingerprint" in proc.stderr
     assert "Traceback" not in proc.stderr

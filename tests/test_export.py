@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from lockfixtures import build
 
+from dflashctl import errors
 from dflashctl.errors import DflashError
 from dflashctl.lock.export import requirements_text
 
@@ -65,8 +66,8 @@ def test_cli_writes_file_and_fails_cleanly(tmp_path):
     assert out.read_text() == requirements_text(build(), "aarch64-linux")
 
     bad = dflashctl("export", "--system", "riscv64-linux", "--lock", str(lock_path))
-    assert bad.returncode == 1 and "Traceback" not in bad.stderr
-    assert bad.stderr.startswith("dflashctl export: unknown system 'riscv64-linux'")
+    assert bad.returncode == errors.USAGE and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("dflashctl export: argument --system: invalid choice: 'riscv64-linux'")
 
     missing = dflashctl("export", "--system", "x86_64-linux", "--lock", str(tmp_path / "nope.json"))
-    assert missing.returncode == 1 and "no lock at" in missing.stderr
+    assert missing.returncode == errors.INPUT and "no lock at" in missing.stderr

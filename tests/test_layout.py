@@ -11,7 +11,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "python" / "dflashctl"
 ORDER = ["smoke", "service", "host", "lock"]  # each may import those after it
-SHARED = {"cli", "errors", "systems", "__init__", "__main__"}
+SHARED = {"cli", "cli_help", "errors", "exit_codes", "inputs", "output", "systems", "__init__", "__main__"}
 
 
 def module_name(path: Path) -> str:

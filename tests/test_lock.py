@@ -538,7 +538,7 @@ def test_cli_diff_table_and_json(tmp_path):
 def test_cli_malformed_spec_fails_without_traceback(tmp_path):
     (tmp_path / "stack.toml").write_text((DATA / "stack.toml").read_text().replace('"x86_64-linux"', '"x86-linux"'))
     r = _cli("--spec", "stack.toml", "--lock", "lock.json", cwd=tmp_path)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == errors.INPUT and "Traceback" not in r.stderr
     assert r.stderr.startswith("dflashctl lock: stack.toml is not a valid stack spec: unknown system 'x86-linux'")
     assert not (tmp_path / "lock.json").exists()
 

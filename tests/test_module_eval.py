@@ -95,14 +95,28 @@ def test_the_wiring_carries_the_pure_directives():
                                     "python": got["serviceConfig"]["ExecStart"].split()[-1]}])[0][0]
     d = want["units"]["a"]["directives"]
     service = dict(got["serviceConfig"])
-    settings = service.pop("ExecStart").split()[3]
-    assert service == {k: v for k, v in d["Service"].items() if k != "ExecStart"}
+    exec_start = service.pop("ExecStart")
+    settings = exec_start.split()[3]
+    digest = [e for e in service["Environment"] if e.startswith("DFLASH_UNIT_DIGEST=")]
+    service["Environment"] = [e for e in service["Environment"] if e not in digest]
+    want_service = {k: v for k, v in d["Service"].items() if k != "ExecStart"}
+    want_service["Environment"] = [e for e in want_service["Environment"] if not e.startswith("DFLASH_UNIT_DIGEST=")]
+    assert service == want_service
+    # the digest covers the unit as the module renders it, its store path of the settings included
+    from dflashctl.service.unit import definition_digest
+    unit_section = {"Description": got["description"], "After": got["after"], "Before": got["before"],
+                    "Wants": got["wants"],
+                    **got["unitConfig"]}
+    assert digest == ["DFLASH_UNIT_DIGEST=" + definition_digest(
+        unit_section, {**service, "Environment": service["Environment"], "ExecStart": exec_start},
+        {"WantedBy": got["wantedBy"]}, None)]
     assert settings.endswith("-dflash-a.json")
     assert got["description"] == d["Unit"]["Description"]
     assert got["after"] == d["Unit"]["After"] and got["wants"] == d["Unit"]["Wants"]
+    assert got["before"] == d["Unit"]["Before"] == ["dflash-router.service"]
     assert got["wantedBy"] == d["Install"]["WantedBy"]
     assert got["unitConfig"] == {k: v for k, v in d["Unit"].items()
-                                 if k not in ("Description", "After", "Wants")}
+                                 if k not in ("Description", "After", "Wants", "Before")}
     assert got["path"] == ["/nix/store/00000000000000000000000000000000-gcc-wrapper"]
 
 
@@ -140,6 +154,13 @@ def test_assertions_warnings_and_checks_reach_nixos():
               "draftModel": "d"}})["warnings"]
     assert out["firewall"] == [30000]
     assert out["checks"] == ["dflash-validate-settings", "dflash-validate-b-package"]
+    # models that are store paths: the build reads the pair itself (`validate --models`)
+    store = {"model": "/nix/store/00000000000000000000000000000000-Qwen3-8B",
+             "draftModel": "/nix/store/00000000000000000000000000000000-Qwen3-8B-DFlash-b16",
+             "speculative": {"algorithm": "DFLASH"}}
+    out = evaluate({"a": QWEN, "c": {**QWEN, **store, "gpus": [1], "port": 30001},
+                    "d": {**QWEN, **store, "draftModel": "z-lab/Qwen3-8B-DFlash-b16", "gpus": [2], "port": 30002}})
+    assert out["checks"] == ["dflash-validate-settings", "dflash-validate-c-models"]
 
 
 def test_disabled_instances_have_no_unit():
@@ -150,13 +171,14 @@ def test_disabled_instances_have_no_unit():
 # --- services.dflash.router ----------------------------------------------------------------------------
 
 def test_router_wiring_carries_the_pure_directives_and_settings():
-    from test_router import nix_router
+    from nixos_host import nix_router
     instances = {"a": QWEN, "b": {**QWEN, "gpus": [1], "port": 30001}}
     out = evaluate(instances, router={"enable": True, "openFirewall": True, "drainSec": 60})
     got = out["services"]["dflash-router"]
     pure = nix_router({"drainSec": 60}, instances)["settings"]
-    assert got["after"] == ["network-online.target", "dflash-a.service", "dflash-b.service"]
-    assert got["wants"] == got["after"]  # Wants=, never Requires=: up while an instance is down
+    # no instance in the router's unit: each orders itself before it (their `before`)
+    assert got["after"] == got["wants"] == ["network-online.target"] and got["before"] == []
+    assert out["services"]["dflash-a"]["before"] == ["dflash-router.service"]
     service = got["serviceConfig"]
     assert service["ExecStart"].endswith(" router --config /etc/dflash-router.json --python "
                                          "/nix/store/00000000000000000000000000000000-dflash-router-env/bin/python")
@@ -166,7 +188,8 @@ def test_router_wiring_carries_the_pure_directives_and_settings():
     assert out["etc"] == {"dflash-router.json": "/nix/store/11111111111111111111111111111111-dflash-router.json"}
     # a change of workers reloads the router, any other change restarts it
     assert json.loads(got["reloadTriggers"][0]) == pure["workers"]
-    assert json.loads(got["restartTriggers"][0]) == {k: v for k, v in pure.items() if k != "workers"}
+    assert json.loads(got["restartTriggers"][0]) == {k: v for k, v in pure.items()
+                                                     if k not in ("workers", "instanceUnits")}
     assert "dflash-validate-router" in out["checks"] and 30080 in out["firewall"]
 
 
@@ -181,3 +204,42 @@ def test_router_refusals_are_nixos_assertions():
 
 def test_no_router_unless_enabled():
     assert "dflash-router" not in evaluate({"a": QWEN})["services"]
+
+
+# --- services.dflash.upgrade -----------------------------------------------------------------------------
+
+def test_rolling_upgrades_are_the_default_with_the_router_and_restart_otherwise():
+    instances = {"a": QWEN, "b": {**QWEN, "gpus": [1], "port": 30001}}
+    rolling = evaluate(instances, router={"enable": True})["services"]
+    assert [rolling[f"dflash-{n}"]["restartIfChanged"] for n in "ab"] == [False, False]
+    rollout = rolling["dflash-rollout"]
+    argv = rollout["serviceConfig"]["ExecStart"].split()
+    assert argv[1:] == ["rollout", "--instance", "/nix/store/11111111111111111111111111111111-dflash-instances.json",
+                        "--router", "/etc/dflash-router.json", "--resume", "--batch", "1", "--healthy-for", "10"]
+    assert rollout["after"] == ["dflash-router.service", "dflash-a.service", "dflash-b.service"]
+    assert rollout["wantedBy"] == ["multi-user.target"] and rollout["serviceConfig"]["Type"] == "notify"
+    assert len(rollout["restartTriggers"]) == 2  # each instance's unit: a switch that changes one restarts it
+    restart = evaluate(instances)["services"]  # no router: NixOS restarts them, as before
+    assert "dflash-rollout" not in restart and restart["dflash-a"]["restartIfChanged"] is True
+
+
+def test_a_host_can_choose_either_way_and_tune_the_rollout():
+    host = '{ services.dflash.upgrade = "rolling"; services.dflash.rollout = { batch = 2; requireIdentical = true; }; }'
+    out = evaluate({"a": QWEN}, host=host)["services"]
+    argv = out["dflash-rollout"]["serviceConfig"]["ExecStart"].split()
+    assert "--no-router" in argv and argv[argv.index("--batch") + 1] == "2" and "--require-identical" in argv
+    out = evaluate({"a": QWEN}, host='{ services.dflash.upgrade = "restart"; }', router={"enable": True})
+    assert "dflash-rollout" not in out["services"] and out["services"]["dflash-a"]["restartIfChanged"] is True
+    with pytest.raises(Refused) as e:
+        evaluate({"a": QWEN}, host='{ services.dflash.upgrade = "all-at-once"; }')
+    assert "services.dflash.upgrade' is not of type" in str(e.value)
+
+
+def test_a_path_the_sandbox_hides_is_a_nixos_assertion():
+    """The unit path rule (issue 34) reaches NixOS: a local model under /home is refused naming its
+    option; the ExecStart paths the module names itself (store paths) pass it."""
+    out = evaluate({"a": {**QWEN, "model": "/home/me/models/qwen"}})
+    assert f"{OPT}.a.model: /home/me/models/qwen is hidden from the service by ProtectHome=true" \
+        in out["failedAssertions"]
+    assert evaluate({"a": QWEN})["failedAssertions"] == []
+    assert evaluate({"a": QWEN}, router={"enable": True})["failedAssertions"] == []

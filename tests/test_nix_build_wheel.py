@@ -2,6 +2,7 @@
 (tests/nix/build-wheel.nix): the arguments every wheel hands to buildPythonPackage, and the
 fix-up shell code run under bash the way stdenv's fixupPhase runs it."""
 
+import json
 import os
 import subprocess
 
@@ -75,12 +76,31 @@ def test_sglang_src_wheel_file_and_fetched_wheel(built):
 
 
 def test_sglang_src_source_tree_builds_its_python_directory(built):
-    """A checkout is built with its own pyproject (PEP 517) from python/, not copied as a wheel."""
+    """A checkout is built with its own pyproject (PEP 517) from python/, not copied as a wheel
+    (tests/data/nix/sglang-tree: 0.5.11's shape; tests/test_sglang_tree.py runs the build)."""
     tree = built["sglang"]["sourceTree"]
     assert tree["src"] == "sglang-tree" and tree["pyproject"] is True and tree["format"] is None
-    assert tree["version"] == "0.5.12.dev1"  # python/pyproject.toml's static version
-    assert tree["build-system"] == ["setuptools", "wheel"]
+    # a dynamic version (setuptools-scm) is the lock's, and setuptools-scm is told it
+    assert tree["version"] == built["sglang"]["locked"]["version"] == "0.4.2"
+    assert tree["env"] == {"SETUPTOOLS_SCM_PRETEND_VERSION": "0.4.2"}
+    # the build requirements the tree names: the lock's setuptools, nixpkgs' for the others
+    assert tree["build-system"] == ["locked setuptools", "setuptools-scm", "setuptools-rust", "wheel"]
+    assert tree["pythonRelaxDeps"] is True  # the versions are the lock's (nix/stack.toml)
     assert "wheelUnpackHook" not in tree["nativeBuildInputs"]
     assert "pypaInstallHook" not in tree["nativeBuildInputs"]  # pyproject = true brings its own
     script = f'sourceRoot=sglang-tree\n{tree["postUnpack"]}\necho "$sourceRoot"'
     assert subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout == "sglang-tree/python\n"
+
+
+def test_a_static_version_and_no_rust_extension(tmp_path):
+    """nix/lib/pyproject.nix: a [project] version is used as it is; PEP 518's default build
+    requirements when the table is absent; no setuptools-rust table, no extension to leave out."""
+    from nixeval import nix_env
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "sglang"\nversion = "0.5.12.dev1"\n')
+    lib = REPO / "nix" / "lib" / "pyproject.nix"
+    done = subprocess.run([nix_or_skip(), "eval", "--json", "--impure", "--expr",
+                           f"(import {lib}).read {tmp_path / 'pyproject.toml'}"], capture_output=True,
+                          text=True, env=nix_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"version": "0.5.12.dev1", "buildSystem": ["setuptools", "wheel"],
+                                       "rustExtensions": []}

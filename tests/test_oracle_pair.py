@@ -18,7 +18,8 @@ np = pytest.importorskip("numpy")  # the reference forward; the generator itself
 
 import oracle_reference as ref  # noqa: E402
 
-from dflashctl.smoke import loadgen, oracle, synthetic  # noqa: E402
+from dflashctl.host import model_pair  # noqa: E402
+from dflashctl.smoke import loadgen, oracle  # noqa: E402
 
 PYTHON_DIR = Path(__file__).resolve().parent.parent / "python"
 # sha256 of the default pair: written here and, byte for byte, on the H200 (docs/gpu/smoke-oracle-h200.json)
@@ -103,7 +104,7 @@ def test_configs_form_a_dflash_pair(pair):
     target = json.loads((pair.target / "config.json").read_text())
     for model in ("draft", "draft-poisoned"):
         draft = json.loads((pair.root / model / "config.json").read_text())
-        assert synthetic.check_pair(target, draft) == []
+        assert model_pair.check_pair(target, draft, "DFLASH", 16, skip_tokenizer_init=True) == []
         assert draft["architectures"] == ["DFlashDraftModel"] and draft["dflash_config"]["block_size"] == 16
         mask = draft["dflash_config"]["mask_token_id"]
         assert target["hidden_size"] - 1 <= mask < target["vocab_size"]  # no id code, inside the vocabulary

@@ -1,5 +1,6 @@
 """The probe runner with real child processes: crashes, hangs and missing interpreters are findings."""
 
+import os
 import sys
 
 import pytest
@@ -60,17 +61,21 @@ def test_preflight_refuses_an_unknown_grammar_backend():
         raise AssertionError("an unknown backend was accepted")
 
 
-def test_doctor_on_a_python_without_the_stack_says_so_and_its_install_hint_runs(tmp_path):
-    """This test venv has no torch, no SGLang, no GPU: doctor reports it as checks, not a crash, and
-    the packages check's fix is a command that works as printed (export writes the file pip reads)."""
+def _lock_for_python(tmp_path, version: str):
+    """The real lock, claiming to be for CPython `version` (doctor's fixes depend on it)."""
     import json
-    import shlex
-    import subprocess
     from pathlib import Path
+    data = json.loads((Path(__file__).parent.parent / "nix/python-lock.json").read_text())
+    path = tmp_path / f"lock-{version}.json"
+    path.write_text(json.dumps({**data, "python": version}))
+    return path
 
-    root = Path(__file__).parent.parent
+
+def _doctor_packages_fix(tmp_path, lock) -> tuple[dict, str]:
+    import json
+    import subprocess
     proc = subprocess.run([sys.executable, "-m", "dflashctl", "doctor", "--json",
-                           "--lock", str(root / "nix/python-lock.json"), "--save", str(tmp_path / "fp.json")],
+                           "--lock", str(lock), "--save", str(tmp_path / "fp.json")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == errors.FAILED, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -79,7 +84,19 @@ def test_doctor_on_a_python_without_the_stack_says_so_and_its_install_hint_runs(
     checks = {c["name"]: c for c in fp["checks"]}
     assert checks["torch"]["summary"] == "torch is not installed"
     assert checks["sglang"]["status"] == "fail"
-    fix = checks["packages"]["fix"]
+    return checks, checks["packages"]["fix"]
+
+
+def test_doctor_on_a_python_without_the_stack_says_so_and_its_install_hint_runs(tmp_path):
+    """This test venv has no torch, no SGLang, no GPU: doctor reports it as checks, not a crash, and
+    the packages check's fix is a command that works as printed (export writes the file pip reads),
+    here where the Python is the lock's."""
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    _, fix = _doctor_packages_fix(tmp_path, _lock_for_python(tmp_path, here))
     export, install = fix.split(": ", 1)[1].split(" && ")
     argv = shlex.split(export)
     assert argv[:2] == ["dflashctl", "export"]
@@ -88,8 +105,31 @@ def test_doctor_on_a_python_without_the_stack_says_so_and_its_install_hint_runs(
     subprocess.run([sys.executable, "-m", "dflashctl", *argv[1:]], check=True, capture_output=True)
     lines = [ln for ln in (tmp_path / "req.txt").read_text().splitlines() if not ln.startswith("#")]
     assert lines and all(" --hash=sha256:" in ln for ln in lines)
-    assert shlex.split(install) == [sys.executable, "-m", "pip", "install", "--no-deps", "--require-hashes",
-                                    "-r", str(out)]
+    python, *rest = shlex.split(install)
+    assert os.path.samefile(python, sys.executable)
+    assert rest == ["-m", "pip", "install", "--no-deps", "--require-hashes", "-r", str(out)]
+
+
+def test_doctor_on_another_python_than_the_locks_says_it_cannot_hold_the_stack(tmp_path):
+    """Issue 34, finding 4: on a Python other than the lock's, pip picks other wheels than the lock's
+    hashes allow ("THESE PACKAGES DO NOT MATCH THE HASHES"), so the fix must not be to pip-install
+    into this Python: it names a new environment with the lock's Python, and its export runs."""
+    import shlex
+    import subprocess
+
+    checks, fix = _doctor_packages_fix(tmp_path, _lock_for_python(tmp_path, "3.99"))
+    here = ".".join(map(str, sys.version_info[:3]))
+    assert checks["python"]["status"] == "fail"
+    assert fix.startswith(f"this Python ({here}) cannot hold the stack: the lock's wheels are for CPython 3.99")
+    assert f"{sys.executable} -m pip" not in fix  # never into this interpreter
+    command = fix.split("`")[1]
+    venv, export, install = command.split(" && ")
+    assert venv == "python3.99 -m venv /opt/dflash"
+    assert shlex.split(install)[:2] == ["/opt/dflash/bin/pip", "install"]
+    argv = shlex.split(export)
+    argv[argv.index("-o") + 1] = str(tmp_path / "req.txt")
+    subprocess.run([sys.executable, "-m", "dflashctl", *argv[1:]], check=True, capture_output=True)
+    assert " --hash=sha256:" in (tmp_path / "req.txt").read_text()
 
 
 # ------------------------------------------------------------------ the story's ABI error (issue 15)
@@ -153,10 +193,13 @@ def test_doctor_save_to_an_unwritable_place_is_one_line(tmp_path):
     import subprocess
     proc = subprocess.run([sys.executable, "-m", "dflashctl", "doctor", "--save", "/proc/nope.json",
                            "--timeout", "60"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == errors.FAILED
+    assert proc.returncode == errors.OUTPUT
     assert "Traceback" not in proc.stderr
-    assert "cannot save the fingerprint to /proc/nope.json: No such file or directory" in proc.stderr
-    assert "fail " in proc.stdout  # the findings were printed before the save failed
+    assert "--save /proc/nope.json cannot be written: No such file or directory" in proc.stderr
+    assert "probing" not in proc.stderr and proc.stdout == ""  # refused before the probes ran
+
+
+
 def test_hung_probes_cost_one_timeout_whatever_the_cores(monkeypatch):
     """16 probes that hang, on a host that claims 2 cores: every probe starts before the first one
     is killed, so the set costs one timeout (bounded by cores, it cost eight, one per batch)."""

@@ -6,7 +6,6 @@ flags and the defaults of data/router-unit.json). Load is bounded by request cou
 no assertion is about time, only about what was answered and by whom.
 """
 
-import importlib.util
 import json
 import re
 import shutil
@@ -21,11 +20,8 @@ import pytest
 from dflashctl import cli, errors
 from dflashctl.errors import DflashError
 from dflashctl.service import config, router, router_unit
-from router_harness import REPO, Load, Router, Standin, free_port, generate_body, request, served_by
-
-HAVE_ROUTER = importlib.util.find_spec("sglang_router") is not None
-needs_router = pytest.mark.skipif(
-    not HAVE_ROUTER, reason="sglang-router 0.3.2 is not installed (pip install -e 'python[test]'; tests/run does)")
+from nixos_host import nix_router, nixos_router_unit
+from router_harness import REPO, Load, Router, Standin, free_port, generate_body, needs_router, request, served_by
 
 
 @pytest.fixture
@@ -161,8 +157,9 @@ def render_cli(tmp_path: Path, settings: dict | None = None, remote=()) -> Path:
     s = tmp_path / "given.json"
     s.write_text(json.dumps({**(settings or {}), **({"remoteWorkers": list(remote)} if remote else {})}))
     out = tmp_path / "dflash-router.service"
-    assert cli.main(["router-unit", *files, "--settings", str(s), "--python", sys.executable,
-                     "--dflashctl", sys.executable, "-o", str(out),
+    visible = shutil.which("true")  # an executable the unit's sandbox can see (a venv may lead into /root)
+    assert cli.main(["router-unit", *files, "--settings", str(s), "--python", visible,
+                     "--dflashctl", visible, "-o", str(out),
                      "--settings-output", str(tmp_path / "router.json")]) == 0
     return out
 
@@ -171,11 +168,15 @@ def test_rendered_unit_has_no_gpu_and_survives_a_down_instance(tmp_path):
     d = directives(render_cli(tmp_path, {"apiKeyFile": "/etc/dflash/key",
                                          "adminApiKeyFile": "/etc/dflash/admin"}).read_text())
     assert d["DevicePolicy"] == ["closed"] and "DeviceAllow" not in d and d["PrivateDevices"] == ["true"]
-    assert "dflash-a.service" in d["After"] and "dflash-b.service" in d["Wants"]
-    assert "Requires" not in d and "BindsTo" not in d and "Requisite" not in d
+    # No instance in the router's unit (each instance orders itself Before= it): its text stays the
+    # same when instances come and go. Nothing that would stop it with an instance either.
+    assert not any("dflash-a" in v or "dflash-b" in v for k in ("After", "Wants", "Before") for v in d.get(k, []))
+    assert "Requires" not in d and "BindsTo" not in d and "Requisite" not in d and "PartOf" not in d
     stop = int(d["TimeoutStopSec"][0].rstrip("s"))
     assert stop > json.loads((tmp_path / "router.json").read_text())["drainSec"]
     assert d["LoadCredential"] == ["router-api-key:/etc/dflash/key", "router-admin-api-key:/etc/dflash/admin"]
+    assert d["SetCredential"] == ["router-api-key:DFLASH-CREDENTIAL-NOT-LOADED",  # unit.credentials' fallback
+                                  "router-admin-api-key:DFLASH-CREDENTIAL-NOT-LOADED"]
     assert d["IPAddressAllow"] == ["localhost"] and d["IPAddressDeny"] == ["any"]
     assert "key" not in d["ExecStart"][0].replace("--config", "")  # secrets only as credentials
 
@@ -616,30 +617,6 @@ def test_smoke_through_the_router_names_it_and_its_workers(tmp_path, workers, ma
 
 # --- services.dflash.router: the settings and refusals the module gets from nix/lib/router-unit.nix ----
 
-def _router_options(given: dict) -> dict:
-    """Every services.dflash.router setting, as the module passes them (defaults from the data file)."""
-    base = {**router.defaults(), "apiKeyFile": None, "adminApiKeyFile": None, "logLevel": "info",
-            "extraArgs": [], "remoteWorkers": [], "enable": True, "openFirewall": False}
-    return {**base, **given}
-
-
-def nix_router(given: dict, instances: dict) -> dict:
-    """(settings, failed assertion messages) of the pure functions for `instances` (name -> options)."""
-    import nix_unit
-    from conftest import nix_or_skip
-    from nixeval import nix_env
-    nix = nix_or_skip()
-    full = {n: nix_unit.full_options(n, o) for n, o in instances.items()}
-    lib = Path(__file__).resolve().parent.parent / "nix" / "lib" / "router-unit.nix"
-    expr = (f"let r = import {lib}; o = builtins.fromJSON {json.dumps(json.dumps(_router_options(given)))};"
-            f" i = builtins.fromJSON {json.dumps(json.dumps(full))}; in {{ settings = r.settings o i;"
-            " failed = map (a: a.message) (builtins.filter (a: !a.assertion) (r.assertions o i)); }")
-    done = subprocess.run([nix, "eval", "--json", "--impure", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
 HOST = {"a": {"model": "m", "port": 30000, "gpus": [0]}, "b": {"model": "m", "port": 30001, "gpus": [1]}}
 
 
@@ -681,3 +658,79 @@ def test_module_router_refuses_what_dflashctl_refuses(given, instances, message,
 def test_module_router_needs_a_worker():
     got = nix_router({}, {})
     assert any("services.dflash.router: no workers" in m for m in got["failed"])
+
+
+# --- nixos-rebuild switch: which change reloads the router and which restarts it --------------------
+
+TWO = {"a": {"model": "m", "port": 30000, "gpus": [0]}, "b": {"model": "m", "port": 30001, "gpus": [1]}}
+ONE = {"a": TWO["a"]}
+ELSEWHERE = {"a": {**TWO["a"], "port": 30002}}
+RENAMED = {"c": TWO["a"]}
+
+
+@pytest.mark.nix
+@pytest.mark.parametrize("old, new, expected", [
+    ((ONE, {}), (TWO, {}), "reload"),  # an instance added
+    ((TWO, {}), (ONE, {}), "reload"),  # an instance removed
+    ((ONE, {}), (ELSEWHERE, {}), "reload"),  # an instance's port changed
+    ((ONE, {}), (ONE, {"remoteWorkers": ["http://127.0.0.1:40000"]}), "reload"),  # a remote worker on loopback
+    ((ONE, {}), (RENAMED, {}), "nothing"),  # an instance renamed, same URL: the router has nothing to do
+    ((ONE, {}), (ONE, {"policy": "cache_aware"}), "restart"),  # a router setting
+    ((ONE, {}), (ONE, {"port": 31080}), "restart"),  # the router's own port: it binds it at start
+    ((ONE, {}), (ONE, {"remoteWorkers": ["http://10.0.0.2:30000"]}), "restart"),  # IPAddressDeny/Allow go
+    ((ONE, {}), ({"a": {**TWO["a"], "apiKeyFile": "/run/k"}}, {}), "restart"),  # the key, LoadCredential
+], ids=["instance-added", "instance-removed", "instance-port", "loopback-remote-worker", "instance-renamed",
+        "router-setting", "router-port", "remote-worker-elsewhere", "instances-key"])
+def test_switch_reloads_the_router_for_workers_and_restarts_it_for_the_rest(old, new, expected):
+    """NixOS's switch rule (tests/nixos_switch.py, read from switch-to-configuration's source) over
+    the router's unit from the module's pure functions, per kind of change."""
+    import nixos_switch
+    before, after = nixos_router_unit(old[1], old[0]), nixos_router_unit(new[1], new[0])
+    assert nixos_switch.action(before, after) == expected, (before, after)
+
+
+@pytest.mark.nix
+def test_switch_restarts_the_router_for_a_new_package():
+    import nixos_switch
+    before = nixos_router_unit({}, ONE)
+    assert nixos_switch.action(before, nixos_router_unit({}, TWO)) == "reload"  # the control
+    assert nixos_switch.action(before, nixos_router_unit({}, ONE, python="/nix/store/r2-router-env/bin/python")) \
+        == "restart"  # services.dflash.router.package
+    assert nixos_switch.action(before, nixos_router_unit({}, ONE, dflashctl="/nix/store/d2/bin/dflashctl")) \
+        == "restart"  # services.dflash.dflashctlPackage: ExecStart and ExecReload
+
+
+@pytest.mark.nix
+def test_instances_come_and_go_without_touching_the_others_units():
+    """An instance's unit names the router (Before=), never another instance: adding or removing
+    one leaves the others' units equal, so NixOS does nothing to them."""
+    import nix_unit
+    import nixos_switch
+    a_alone = nixos_switch.parse(nix_unit.unit_text(ONE, "a"))
+    a_beside_b = nixos_switch.parse(nix_unit.unit_text(TWO, "a"))
+    assert nixos_switch.action(a_alone, a_beside_b) == "nothing"
+    assert a_alone["Unit"]["Before"] == [router_unit.UNIT_NAME]
+
+
+def test_the_switch_rule_as_read():
+    """tests/nixos_switch.py on units that differ in one way each."""
+    import nixos_switch as s
+    base = {"Unit": {"Description": ["x"], "After": ["a"], "X-Reload-Triggers": ["/nix/store/1-r"]},
+            "Service": {"ExecStart": ["/bin/x"]}, "Install": {"WantedBy": ["multi-user.target"]}}
+
+    def changed(section, key, value):
+        return {**base, section: {**base[section], key: value}}
+    assert s.action(base, base) == "nothing"
+    assert s.action(base, changed("Unit", "Description", ["y"])) == "nothing"
+    assert s.action(base, changed("Install", "WantedBy", ["other.target"])) == "nothing"
+    assert s.action(base, changed("Unit", "X-Reload-Triggers", ["/nix/store/2-r"])) == "reload"
+    assert s.action(base, changed("Unit", "After", ["a", "b"])) == "restart"
+    assert s.action(base, changed("Unit", "X-Restart-Triggers", ["/nix/store/3-r"])) == "restart"
+    assert s.action(base, changed("Service", "ExecStart", ["/bin/y"])) == "restart"
+    both = changed("Service", "ExecStart", ["/bin/y"])
+    both["Unit"] = {**both["Unit"], "X-Reload-Triggers": ["/nix/store/2-r"]}
+    assert s.action(base, both) == "restart"
+    skipped = changed("Service", "X-RestartIfChanged", ["false"])
+    assert s.action(base, skipped) == "nothing"
+    assert s.action(base, changed("Service", "X-ReloadIfChanged", ["true"])) == "reload"
+    assert s.parse("[Unit]\nAfter=a\nAfter=\nAfter=b\n[Install]\nWantedBy=x\n") == {"Unit": {"After": ["b"]}}

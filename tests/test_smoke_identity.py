@@ -87,7 +87,7 @@ def test_url_mode_does_not_pretend_to_know_the_services_host(tmp_path, running):
     assert ident["sglang"] == "0.5.11"  # what the service's /server_info says
     assert ident["gpus"] is None and "--url" in ident["unknown"]["gpus"] and ident["fingerprint"] is None
     d = dflashctl(tmp_path, "diff", "result.json", "result.json")
-    assert d.returncode == errors.FAILED and "carries no fingerprint" in d.stderr
+    assert d.returncode == errors.INPUT and "carries no fingerprint" in d.stderr
 
 
 def test_a_failed_start_still_says_which_host(tmp_path):

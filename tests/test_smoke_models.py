@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from test_models import COMMIT, DRAFT_COMMIT, lay_out
 from test_smoke import smoke
@@ -12,13 +13,18 @@ from test_smoke_lossless import LOAD, real_pair_args
 
 from dflashctl import errors
 
-FILES = {"config.json": b"{}", "model.safetensors": b"w" * 64}
+MODELS = Path(__file__).parent / "data" / "models"  # the published configs (the model-pair check reads them)
+TARGET_FILES = {"config.json": (MODELS / "qwen3-8b" / "config.json").read_bytes(),
+                "tokenizer.json": b'{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}',
+                "model.safetensors": b"w" * 64}
+DRAFT_FILES = {"config.json": (MODELS / "qwen3-8b-dflash-b16" / "config.json").read_bytes(),
+               "model.safetensors": b"w" * 64}
 
 
 def run(tmp_path, name: str, target_commit: str):
     home = tmp_path / f"hf-{name}"
-    lay_out(home, "Qwen/Qwen3-8B", target_commit, FILES)
-    lay_out(home, "z-lab/Qwen3-8B-DFlash-b16", DRAFT_COMMIT, FILES, ref="v1")
+    lay_out(home, "Qwen/Qwen3-8B", target_commit, TARGET_FILES)
+    lay_out(home, "z-lab/Qwen3-8B-DFlash-b16", DRAFT_COMMIT, DRAFT_FILES, ref="v1")
     p = smoke(tmp_path, *LOAD, "--runs", "baseline,DFLASH", "--json", f"{name}.json", *real_pair_args(),
               "--model-revision", "main", "--draft-model-revision", "v1", "--keep-logs", f"logs-{name}",
               HF_HOME=str(home))
@@ -46,3 +52,17 @@ def test_a_revision_without_its_model_is_a_usage_error(tmp_path):
     p = smoke(tmp_path, "--model-revision", COMMIT)
     assert p.returncode == errors.USAGE
     assert "--model-revision without --model" in p.stderr
+
+
+def test_a_real_pair_that_does_not_fit_is_refused_before_any_server_starts(tmp_path):
+    """Issue 33: serve's model-pair rules, read from the cache the servers would load from."""
+    home = tmp_path / "hf"
+    lay_out(home, "Qwen/Qwen3-8B", COMMIT, TARGET_FILES)
+    wrong = {**DRAFT_FILES, "config.json": (MODELS / "llama3.1-8b-instruct-dflash-ultrachat" / "config.json").read_bytes()}
+    lay_out(home, "z-lab/Qwen3-8B-DFlash-b16", DRAFT_COMMIT, wrong, ref="v1")
+    p = smoke(tmp_path, *LOAD, "--runs", "baseline,DFLASH", *real_pair_args(), "--model-revision", "main",
+              "--draft-model-revision", "v1", recs=h200(tmp_path, text=True), HF_HOME=str(home))
+    assert p.returncode == errors.PREFLIGHT_MODEL_PAIR, p.stderr
+    assert "the model pair does not fit (2 problem(s)); no server was started" in p.stderr
+    assert "models: vocab_size: drafter 128256 != target 151936" in p.stderr
+    assert "started baseline" not in p.stderr and "Traceback" not in p.stderr

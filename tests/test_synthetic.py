@@ -5,6 +5,7 @@ import json
 import pytest
 
 from dflashctl.errors import DflashError
+from dflashctl.host import model_pair
 from dflashctl.smoke import synthetic
 
 
@@ -30,7 +31,7 @@ def test_written_pair_is_consistent(tmp_path):
     assert dflash["block_size"] == draft["block_size"] == 16
     # eos 0 with ignore_eos: every request decodes exactly max_new_tokens
     assert tgen == dgen == {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
-    assert synthetic.check_pair(target, draft) == []
+    assert model_pair.check_pair(target, draft, "DFLASH", 16, skip_tokenizer_init=True) == []
 
 
 def test_block_size_follows_num_draft_tokens(tmp_path):
@@ -50,15 +51,16 @@ def test_block_below_two_is_refused():
     (lambda t, d: d["dflash_config"].update(target_layer_ids=[1, 8]), "target_layer_ids"),
     (lambda t, d: d["dflash_config"].update(target_layer_ids=[]), "target_layer_ids"),
     (lambda t, d: d["dflash_config"].update(mask_token_id=151936), "mask_token_id"),
-    (lambda t, d: d["dflash_config"].update(block_size=8), "block_size"),
+    (lambda t, d: d["dflash_config"].update(block_size=8), "numDraftTokens"),  # 16 asked of a b8 drafter
     (lambda t, d: d.update(num_target_layers=36), "num_target_layers"),
 ])
-def test_check_pair_names_each_mismatch(edit, problem):
+def test_the_shared_rules_name_each_mismatch_of_the_synthetic_pair(edit, problem):
+    """synthetic.write_pair holds its pair to host/model_pair.py, the rules serve's preflight uses."""
     shape = synthetic.PairShape()
     target, draft = synthetic.target_config(shape), synthetic.draft_config(shape)
     edit(target, draft)
-    problems = synthetic.check_pair(target, draft)
-    assert len(problems) == 1 and problems[0].startswith(problem), problems
+    found = model_pair.check_pair(target, draft, "DFLASH", shape.block_size, skip_tokenizer_init=True)
+    assert [f.rule for f in found if f.level == model_pair.FAIL] == [problem], found
 
 
 def test_bad_shape_is_refused_before_writing(tmp_path):

@@ -506,6 +506,35 @@ def router_wheels(c: Container) -> Path:
     return out
 
 
+def install_router(c: Container) -> None:
+    """sglang-router 0.3.2 in its own venv in the container (once per container)."""
+    if c.run(["test", "-x", f"{ROUTER_VENV}/bin/python"], check=False).returncode == 0:
+        return
+    wheels = router_wheels(c)
+    c.copy_tree(wheels, "/opt/router-wheels")
+    c.run(["python3", "-m", "venv", ROUTER_VENV])
+    c.run([f"{ROUTER_VENV}/bin/pip", "install", "-q", "--no-index", "--find-links", "/opt/router-wheels",
+           "sglang-router"], timeout=180)
+
+
+def render_router(c: Container, instances: list, unit_path: str = "/etc/systemd/system/dflash-router.service",
+                  settings_path: str = "/etc/dflash-router.json") -> str:
+    """`dflashctl router-unit` for `instances`, as a host without NixOS runs it; returns the unit text."""
+    args = [a for inst in instances for a in ("--instance", f"/etc/dflash/{inst.name}.json")]
+    c.run([DFLASHCTL, "router-unit", *args, "--python", f"{ROUTER_VENV}/bin/python", "--dflashctl", DFLASHCTL,
+           "-o", unit_path, "--settings-output", settings_path])
+    return c.run(["cat", unit_path]).stdout
+
+
+def remove_router(c: Container, unit: Instance) -> tuple:
+    stopped = unit.systemctl("stop", unit.unit)
+    view = unit.show("ActiveState", "Result")
+    journal = unit.journal()
+    c.run(["rm", "-f", "/etc/systemd/system/dflash-router.service"])
+    c.run(["systemctl", "daemon-reload"])
+    return stopped, view, journal
+
+
 @pytest.mark.parametrize("unit_source", ["dflashctl_unit"], indirect=True)
 def test_router_in_front_of_two_instances(deploy, container):
     """dflash-router.service from `dflashctl router-unit`, with sglang-router 0.3.2 in its own venv:
@@ -513,18 +542,12 @@ def test_router_in_front_of_two_instances(deploy, container):
     re-admits it, and stops cleanly within its stop timeout. No GPU: DevicePolicy=closed, no
     DeviceAllow (not enforced in the container, checked as systemd parsed it)."""
     c = container
-    wheels = router_wheels(c)
-    c.copy_tree(wheels, "/opt/router-wheels")
-    c.run(["python3", "-m", "venv", ROUTER_VENV])
-    c.run([f"{ROUTER_VENV}/bin/pip", "install", "-q", "--no-index", "--find-links", "/opt/router-wheels",
-           "sglang-router"], timeout=180)
+    install_router(c)
     a, b = deploy("ra"), deploy("rb")
     for inst in (a, b):
         assert inst.start().returncode == 0, inst.journal()
     unit = Instance(c, "router")  # dflash-router.service: the same systemctl/journal helpers
-    c.run([DFLASHCTL, "router-unit", "--instance", f"/etc/dflash/{a.name}.json", "--instance",
-           f"/etc/dflash/{b.name}.json", "--python", f"{ROUTER_VENV}/bin/python", "--dflashctl", DFLASHCTL,
-           "-o", "/etc/systemd/system/dflash-router.service", "--settings-output", "/etc/dflash-router.json"])
+    render_router(c, [a, b])
     c.write(f"{TEST_DIR}/client.py", ROUTER_CLIENT)
     c.run(["systemctl", "daemon-reload"])
     try:
@@ -552,8 +575,10 @@ def test_router_in_front_of_two_instances(deploy, container):
                          "Requires", "ActiveState")
         assert view["DevicePolicy"] == "closed" and view["PrivateDevices"] == "yes", view
         assert "nvidia" not in view["DeviceAllow"], view  # only what ProtectClock adds (char-rtc r)
-        assert {a.unit, b.unit} <= set(view["After"].split()) & set(view["Wants"].split()), view
-        assert not {a.unit, b.unit} & set(view["Requires"].split()), view  # up while they are down
+        # ordered after the instances by their own Before= (systemd shows it from both sides); it
+        # neither wants nor requires them: up while they are down, its unit names none of them
+        assert {a.unit, b.unit} <= set(view["After"].split()), view
+        assert not {a.unit, b.unit} & (set(view["Requires"].split()) | set(view["Wants"].split())), view
         assert usec(view["TimeoutStopUSec"]) > settings["drainSec"]
         # one instance stopped: the router stays active and every request is answered by the other
         assert a.systemctl("stop", a.unit).returncode == 0
@@ -571,9 +596,356 @@ def test_router_in_front_of_two_instances(deploy, container):
         wait_served_by(ports[b.name])
         assert unit.show("ActiveState", "NRestarts") == {"ActiveState": "active", "NRestarts": "0"}
     finally:
-        stopped = unit.systemctl("stop", unit.unit)
-        view = unit.show("ActiveState", "Result")
-        journal = unit.journal()
-        c.run(["rm", "-f", "/etc/systemd/system/dflash-router.service"])
-        c.run(["systemctl", "daemon-reload"])
+        stopped, view, journal = remove_router(c, unit)
     assert stopped.returncode == 0 and view == {"ActiveState": "inactive", "Result": "success"}, (view, journal)
+
+
+ROUTER_LOAD = r"""
+import json, os, sys, threading, time, urllib.request, urllib.error
+url, out, stop, clients = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+body = json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}).encode()
+lock, f = threading.Lock(), open(out, "a", buffering=1)
+def client():
+    deadline = time.monotonic() + 600
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        start = time.monotonic()
+        req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                rec = [time.time(), r.status, json.loads(r.read())["meta_info"]["id"].split("-")[1]]
+        except urllib.error.HTTPError as e:
+            rec = [time.time(), e.code, e.read()[:200].decode(errors="replace")]
+        except OSError as e:
+            rec = [time.time(), 0, str(e)]
+        with lock:
+            f.write(json.dumps(rec) + "\n")
+threads = [threading.Thread(target=client) for _ in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+open(out + ".done", "w").close()
+"""
+
+
+@pytest.mark.parametrize("unit_source", ["dflashctl_unit"], indirect=True)
+def test_router_reload_adds_and_removes_a_worker_under_load(deploy, container):
+    """Instances come and go as `nixos-rebuild switch` (switch-to-configuration) handles it: the
+    router's unit is unchanged (it names no instance), its settings file gets the new workers,
+    `systemctl reload dflash-router` runs, and only then is the new instance started (reloads come
+    before starts there); a removed instance is stopped first, then the router reloaded. Under
+    closed-loop load throughout: no request fails, the new instance serves, and the router is never
+    restarted (same MainPID, NRestarts 0)."""
+    import nixos_switch
+    c = container
+    install_router(c)
+    a, b = deploy("la", standin={"token_delay": "0.01"}), deploy("lb", standin={"token_delay": "0.01"})
+    assert a.start().returncode == 0, a.journal()
+    unit = Instance(c, "router")
+    before = render_router(c, [a])
+    c.run(["systemctl", "daemon-reload"])
+    out, stop = f"{TEST_DIR}/load.jsonl", f"{TEST_DIR}/load.stop"
+    c.run(["rm", "-f", out, out + ".done", stop])
+    c.write(f"{TEST_DIR}/load.py", ROUTER_LOAD)
+    c.write(f"{TEST_DIR}/client.py", ROUTER_CLIENT)
+    try:
+        assert unit.start().returncode == 0, unit.journal()
+        settings = json.loads(c.run(["cat", "/etc/dflash-router.json"]).stdout)
+        url = f"http://127.0.0.1:{settings['port']}"
+        port = {i.name: str(json.loads(i.read(f"/etc/dflash/{i.name}.json"))["port"]) for i in (a, b)}
+        pid = unit.show("MainPID")["MainPID"]
+
+        def served() -> list:
+            records = []
+            for line in c.run(["cat", out], check=False).stdout.splitlines():
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    pass  # the line being written
+            return records
+
+        def wait_until(what: str, predicate, timeout: float = WAIT_S):
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                records = served()
+                if predicate(records):
+                    return records
+                time.sleep(0.5)
+            pytest.fail(f"load: not {what} after {timeout} s; {len(served())} answers\n{unit.journal()}")
+
+        # before the load starts, the router must have admitted a (else its first answers are 503s)
+        for _ in range(WAIT_S * 2):
+            if c.run(["python3", f"{TEST_DIR}/client.py", url, "1"], check=False).stdout.count("200"):
+                break
+            time.sleep(0.5)
+        c.run(["systemd-run", "--unit=dflash-test-load", "python3", f"{TEST_DIR}/load.py", url, out, stop, "4"])
+        wait_until("50 answers", lambda r: len(r) >= 50)
+
+        # an instance added: the same unit, new settings, reload, then the new instance starts
+        after = render_router(c, [a, b], unit_path=f"{TEST_DIR}/dflash-router.service")
+        assert nixos_switch.action(nixos_switch.parse(before), nixos_switch.parse(after)) == "nothing"
+        render_router(c, [a, b])
+        c.run(["systemctl", "daemon-reload"])
+        assert unit.systemctl("reload", unit.unit).returncode == 0, unit.journal()
+        assert b.start().returncode == 0, b.journal()
+        added = time.time()
+        wait_until(f"served by {b.name}", lambda r: sum(x[2] == port[b.name] for x in r if x[0] > added) >= 20)
+
+        # an instance removed: stopped first, then the settings without it and a reload
+        assert a.systemctl("stop", a.unit).returncode == 0
+        render_router(c, [b])
+        c.run(["systemctl", "daemon-reload"])
+        assert unit.systemctl("reload", unit.unit).returncode == 0, unit.journal()
+        removed = time.time()
+        wait_until("50 answers after the removal", lambda r: sum(x[0] > removed for x in r) >= 50)
+        c.run(["touch", stop])
+        for _ in range(WAIT_S * 2):
+            if c.run(["test", "-e", out + ".done"], check=False).returncode == 0:
+                break
+            time.sleep(0.5)
+        records = served()
+        failed = [x for x in records if x[1] != 200]
+        assert not failed, f"{len(failed)} of {len(records)} requests failed, first {failed[:3]}"
+        assert {x[2] for x in records if x[0] > removed} == {port[b.name]}  # a was stopped before it
+        assert unit.show("MainPID", "NRestarts") == {"MainPID": pid, "NRestarts": "0"}
+        journal = unit.journal()
+        assert f"added http://127.0.0.1:{port[b.name]}" in journal, journal
+        assert f"removed http://127.0.0.1:{port[a.name]}" in journal, journal
+        print(f"router reload under load: {len(records)} requests, 0 failed, "
+              f"{sum(x[2] == port[b.name] for x in records)} by the added instance")
+    finally:
+        c.run(["touch", stop], check=False)
+        c.run(["systemctl", "stop", "dflash-test-load"], check=False)
+        c.run(["systemctl", "reset-failed", "dflash-test-load"], check=False)
+        stopped, view, journal = remove_router(c, unit)
+    assert stopped.returncode == 0 and view == {"ActiveState": "inactive", "Result": "success"}, (view, journal)
+
+
+# --- a rollout over real units ------------------------------------------------------------------------
+
+def new_version(c: Container, inst: "Instance", marker: str, preflight: bool = False) -> None:
+    """A changed setting, its unit rendered again by `dflashctl unit`, `systemctl daemon-reload`:
+    what a non-NixOS host does to upgrade (the unit's DFLASH_UNIT_DIGEST changes with it)."""
+    path = f"/etc/dflash/{inst.name}.json"
+    cfg = json.loads(inst.read(path))
+    cfg["environment"]["STANDIN_VERSION"] = marker
+    c.write(path, json.dumps(cfg, indent=2))
+    c.write(f"/etc/systemd/system/{inst.unit}", dflashctl_unit_text(c, inst.name, cfg))
+    if preflight:  # the test drop-in's --skip-preflight goes: the real preflight runs, and fails here
+        c.write(f"/etc/systemd/system/{inst.unit}.d/test.conf",
+                f"[Service]\nEnvironment={shlex.quote('DFLASHCTL_SGLANG_LAUNCHER=' + LAUNCHER)}\n")
+    c.run(["systemctl", "daemon-reload"])
+
+
+def running_digest(inst: "Instance") -> tuple[str, str]:
+    """(the digest the running main process carries, the digest of the unit as systemd has it)."""
+    pid = inst.show("MainPID")["MainPID"]
+    env = inst.c.run(["cat", f"/proc/{pid}/environ"]).stdout.split("\0")
+    running = next(e.split("=", 1)[1] for e in env if e.startswith("DFLASH_UNIT_DIGEST="))
+    configured = re.search(r"DFLASH_UNIT_DIGEST=([0-9a-f]+)", inst.show("Environment")["Environment"]).group(1)
+    return running, configured
+
+
+@pytest.mark.parametrize("unit_source", ["dflashctl_unit"], indirect=True)
+def test_rollout_over_real_units(deploy, container):
+    """A host upgraded as README says for non-NixOS hosts: settings changed, units rendered again,
+    daemon-reload, `dflashctl rollout`. Under load through the router: every request answered, each
+    unit restarted once (a new InvocationID) into its new definition, the router never restarted;
+    run again, nothing to do; a version whose preflight fails stops at the first unit with
+    systemd's own status, and the other unit is not touched."""
+    c = container
+    install_router(c)
+    a, b = deploy("rolla"), deploy("rollb")
+    for inst in (a, b):
+        assert inst.start().returncode == 0, inst.journal()
+    router = Instance(c, "router")
+    render_router(c, [a, b])
+    c.write(f"{TEST_DIR}/client.py", ROUTER_CLIENT)
+    c.write(f"{TEST_DIR}/load.py", ROUTER_LOAD)
+    c.run(["systemctl", "daemon-reload"])
+    out, stop = f"{TEST_DIR}/rollout-load.jsonl", f"{TEST_DIR}/rollout-load.stop"
+    c.run(["rm", "-f", out, out + ".done", stop])
+    rollout = [DFLASHCTL, "rollout", "--instance", f"/etc/dflash/{a.name}.json", "--instance",
+               f"/etc/dflash/{b.name}.json", "--healthy-for", "1", "--json"]
+    try:
+        assert router.start().returncode == 0, router.journal()
+        url = f"http://127.0.0.1:{json.loads(c.run(['cat', '/etc/dflash-router.json']).stdout)['port']}"
+        for inst in (a, b):
+            assert running_digest(inst)[0] == running_digest(inst)[1]
+        nothing = c.run(rollout, check=False, timeout=WAIT_S)
+        assert nothing.returncode == 0 and json.loads(nothing.stdout)["instances"] == [], nothing.stderr
+        before = {i.name: i.show("InvocationID")["InvocationID"] for i in (a, b)}
+        for inst in (a, b):
+            new_version(c, inst, "2")
+            assert running_digest(inst)[0] != running_digest(inst)[1]  # systemd knows; the process predates it
+        for _ in range(WAIT_S * 2):  # the router admits both before the load starts
+            if c.run(["python3", f"{TEST_DIR}/client.py", url, "2"], check=False).stdout.count("200") == 2:
+                break
+            time.sleep(0.5)
+        c.run(["systemd-run", "--unit=dflash-test-load", "--collect", "python3", f"{TEST_DIR}/load.py", url,
+               out, stop, "4"])
+        time.sleep(2)
+        done = c.run(rollout, check=False, timeout=WAIT_S * 3)
+        assert done.returncode == 0, done.stderr + a.journal()
+        result = json.loads(done.stdout)
+        assert [(s["name"], s["outcome"], s["canary"]["verdict"]) for s in result["instances"]] == \
+            [(a.name, "done", "identical"), (b.name, "done", "identical")], result
+        for inst in (a, b):
+            assert inst.show("InvocationID")["InvocationID"] != before[inst.name]
+            assert running_digest(inst)[0] == running_digest(inst)[1]
+        c.run(["touch", stop])
+        end = time.monotonic() + WAIT_S
+        while c.run(["test", "-e", out + ".done"], check=False).returncode != 0 and time.monotonic() < end:
+            time.sleep(0.5)
+        records = [json.loads(line) for line in c.run(["cat", out]).stdout.splitlines()]
+        failed = [x for x in records if x[1] != 200]
+        assert records and not failed, f"{len(failed)} of {len(records)} failed, first {failed[:3]}"
+        assert router.show("NRestarts")["NRestarts"] == "0"
+        again = c.run(rollout, check=False, timeout=WAIT_S)
+        assert again.returncode == 0 and json.loads(again.stdout)["instances"] == [], again.stderr
+        assert {u["name"] for u in json.loads(again.stdout)["up_to_date"]} == {a.name, b.name}
+
+        invocation_b = b.show("InvocationID")["InvocationID"]
+        for inst in (a, b):
+            new_version(c, inst, "3", preflight=True)
+        failed = c.run(rollout, check=False, timeout=WAIT_S * 2)
+        assert failed.returncode == errors.ROLLOUT_STOPPED, failed.stderr
+        first, second = json.loads(failed.stdout)["instances"]
+        assert first["outcome"] == "failed" and "failed (exit 85): preflight" in first["error"], first
+        assert second["outcome"] == "not reached"
+        assert b.show("InvocationID")["InvocationID"] == invocation_b  # untouched, still serving
+        assert all(s == 200 for s, _ in json.loads(c.run(["python3", f"{TEST_DIR}/client.py", url, "10"]).stdout))
+    finally:
+        c.run(["touch", stop], check=False)
+        c.run(["systemctl", "stop", "dflash-test-load"], check=False)
+        stopped, view, journal = remove_router(c, router)
+    assert stopped.returncode == 0, journal
+
+
+# --- the unit as the README renders it on a host without NixOS (issue 34) ----------------------------
+
+
+def _install_steps(stderr: str) -> str:
+    """The steps `dflashctl unit` prints for root, as a shell script (the log-following last line out)."""
+    lines = stderr.split("Install on the host (as root):\n", 1)[1].splitlines()
+    return "\n".join(ln for ln in lines if "journalctl -u" not in ln) + "\n"
+
+
+def _readme_unit(c: Container, name: str, dflashctl: str, extra: tuple[str, ...] = (), settings=None):
+    """`cd DIR && dflashctl unit --config NAME.json -o dflash-NAME.service` as README's "A host without
+    NixOS" says: a relative settings file, no --dflashctl (the one that runs), the default
+    --config-path. Returns (settings, the command's result, the unit's text or None)."""
+    inst = Instance(c, name)
+    cfg = {"name": name, "model": "stand-in", "port": next(_ports), "gpus": [0], "startTimeoutSec": 120,
+           "environment": {"STANDIN_OK_FILE": f"{inst.home}/ok", "STANDIN_ARGV_FILE": f"{inst.home}/argv.json"},
+           **(settings or {})}
+    c.write(f"/root/render/{name}.json", json.dumps(cfg, indent=2))
+    script = (f"cd /root/render && {shlex.quote(dflashctl)} unit --config {name}.json "
+              f"-o {inst.unit} {' '.join(map(shlex.quote, extra))}")
+    r = c.run(["sh", "-c", script], check=False)
+    text = c.run(["cat", f"/root/render/{inst.unit}"], check=False).stdout if r.returncode == 0 else None
+    return inst, r, text
+
+
+def _follow_the_steps(c: Container, inst: Instance, r, text: str) -> None:
+    """The drop-in that swaps SGLang for the stand-in, then the printed steps, run by sh as root."""
+    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    c.write(f"/etc/systemd/system/{inst.unit}.d/test.conf",
+            f"[Service]\nEnvironment={shlex.quote('DFLASHCTL_SGLANG_LAUNCHER=' + LAUNCHER)}\n"
+            f"ExecStart=\n{exec_start} --skip-preflight\n")
+    steps = c.run(["sh", "-ec", "cd /root/render\n" + _install_steps(r.stderr)], check=False, timeout=WAIT_S + 60)
+    assert steps.returncode == 0, steps.stdout + steps.stderr + inst.journal()
+
+
+def _forget(c: Container, inst: Instance, settings_path: str) -> None:
+    inst.systemctl("disable", "--now", inst.unit)
+    inst.systemctl("reset-failed", inst.unit)
+    c.run(["rm", "-rf", f"/etc/systemd/system/{inst.unit}", f"/etc/systemd/system/{inst.unit}.d", settings_path])
+    c.run(["systemctl", "daemon-reload"])
+
+
+def test_a_unit_rendered_as_the_readme_says_starts(container):
+    """A venv under /opt (README), `dflashctl unit` with no --dflashctl, the printed steps run as
+    printed, with a settings path that needs quoting (`--config-path '/etc/dflash/my gpu0.json'`,
+    finding 9): the unit starts and is ready."""
+    c = container
+    inst, r, text = _readme_unit(c, "readme", DFLASHCTL, ("--config-path", "/etc/dflash/my readme.json"))
+    assert r.returncode == 0, r.stderr
+    assert "'/etc/dflash/my readme.json'" in r.stderr  # quoted for the shell it is pasted into
+    assert f"ExecStart={DFLASHCTL} serve --config \"/etc/dflash/my readme.json\"" in text
+    try:
+        _follow_the_steps(c, inst, r, text)
+        view = inst.show("ActiveState", "SubState", "StatusText")
+        assert (view["ActiveState"], view["SubState"]) == ("active", "running"), (view, inst.journal())
+        assert inst.read(f"{inst.home}/ok").startswith("200 ")
+        assert json.loads(inst.read("/etc/dflash/my readme.json"))["name"] == "readme"
+    finally:
+        _forget(c, inst, "/etc/dflash/my readme.json")
+
+
+def test_a_unit_rendered_from_a_nix_profile_names_the_store(container):
+    """`nix profile install .#dflash-env` puts dflashctl behind ~/.nix-profile, under /root, which
+    ProtectHome hides: the unit names the store path the profile links to, and it starts. The
+    store here is a stand-in: a venv at a /nix/store path, linked the way a profile links."""
+    c = container
+    env = "/nix/store/0000000000000000000000000000000a-dflash-env"
+    profile = "/nix/store/0000000000000000000000000000000b-profile"
+    c.run(["python3", "-m", "venv", "--system-site-packages", env])
+    c.run([f"{env}/bin/pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
+           "/opt/dflash-src"], timeout=180)
+    c.run(["sh", "-ec", f"mkdir -p {profile}/bin /nix/var/nix/profiles && ln -sfn {env}/bin/dflashctl "
+                        f"{profile}/bin/dflashctl && ln -sfn {profile} /nix/var/nix/profiles/default && "
+                        "ln -sfn /nix/var/nix/profiles/default /root/.nix-profile"])
+    inst, r, text = _readme_unit(c, "profile", "/root/.nix-profile/bin/dflashctl")
+    assert r.returncode == 0, r.stderr
+    assert f"ExecStart={profile}/bin/dflashctl serve --config /etc/dflash/profile.json" in text
+    try:
+        _follow_the_steps(c, inst, r, text)
+        assert inst.show("ActiveState")["ActiveState"] == "active", inst.journal()
+    finally:
+        _forget(c, inst, "/etc/dflash/profile.json")
+
+
+def test_a_venv_under_root_is_refused_with_the_fix(container):
+    """Finding 1: from a venv in /root the unit would fail with 203/EXEC under ProtectHome; `unit`
+    refuses to render it, and says where to put the stack instead."""
+    c = container
+    c.run(["python3", "-m", "venv", "--system-site-packages", "/root/venv"])
+    c.run(["/root/venv/bin/pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
+           "/opt/dflash-src"], timeout=180)
+    inst, r, text = _readme_unit(c, "rootvenv", "/root/venv/bin/dflashctl")
+    assert r.returncode == errors.CONFIG and text is None, r.stderr
+    assert "/root/venv/bin/dflashctl is hidden from the service by ProtectHome=true" in r.stderr
+    assert r.stderr.splitlines()[-1].startswith("  fix: install the stack outside /home, /root and /tmp")
+    assert not c.path(f"/root/render/{inst.unit}").exists()  # nothing written
+
+
+def test_a_missing_credential_file_is_named_when_the_unit_fails(deploy, container, unit_source):
+    """An apiKeyFile that does not exist: `unit` warns when it renders; at start systemd hands the
+    service the unit's SetCredential fallback, and serve names the file in the status and the
+    journal and exits 78, not restarted (without the fallback systemd fails the unit with
+    243/CREDENTIALS, "Failed to set up credentials: Protocol error", naming nothing)."""
+    key = "/etc/dflash/keys/never-made.key"
+    if unit_source == "dflashctl_unit":
+        warned = container.run([DFLASHCTL, "unit", "--config", "/dev/stdin", "--dflashctl", DFLASHCTL],
+                               input=json.dumps({"name": "w", "model": "m", "apiKeyFile": key}))
+        assert f"warning: apiKeyFile {key} does not exist on this host" in warned.stderr
+    inst = deploy("nokey", settings={"apiKeyFile": key})
+    r = inst.start()
+    assert r.returncode != 0
+    view = inst.show("ActiveState", "Result", "ExecMainStatus", "NRestarts", "StatusText")
+    assert int(view["ExecMainStatus"]) == errors.CONFIG and view["ActiveState"] == "failed", view
+    assert f"systemd could not read apiKeyFile {key}" in view["StatusText"], view
+    status = inst.systemctl("status", "--no-pager", "-l", "--lines", "20", inst.unit).stdout
+    print(f"\nsystemctl status ({unit_source}):\n{status}")
+    assert f"systemd could not read apiKeyFile {key}" in status, status  # what the operator sees
+    assert "fix: create " + key in inst.journal()
+    time.sleep(usec(inst.show("RestartUSec")["RestartUSec"]) + 1)
+    assert inst.show("NRestarts")["NRestarts"] == "0"
+    if unit_source == "dflashctl_unit":  # and what systemd alone says, without the fallback
+        inst.systemctl("reset-failed", inst.unit)
+        container.write(f"/etc/systemd/system/{inst.unit}.d/zz-no-fallback.conf", "[Service]\nSetCredential=\n")
+        container.run(["systemctl", "daemon-reload"])
+        assert inst.start().returncode != 0
+        view = inst.show("ExecMainStatus", "StatusText")
+        assert int(view["ExecMainStatus"]) == 243, view  # 243/CREDENTIALS
+        journal = inst.journal()
+        assert "Failed to set up credentials" in journal and key not in journal.split("Failed to set up", 1)[1]

@@ -53,6 +53,7 @@ def python_rules(v: str) -> dict:
         "cacheDynamic": directives(False),
         "cacheStatic": directives(True),
         "tmpfiles": unit_text.tmpfiles_line(v, rules, "dflash", "dflash"),
+        "unitPathProblem": unit_text.unit_path_problem(v),
     }
 
 
@@ -119,3 +120,39 @@ def test_cache_dir_rules_in_the_golden_file():
         assert "plain names only" in g[v]["cacheDirProblem"], v
     for v in ("relative/hf", "/srv/../etc", "/srv/./hf", "/srv//hf"):
         assert "absolute path without" in g[v]["cacheDirProblem"], v
+
+
+def test_unit_path_rule_in_the_golden_file():
+    """What a unit may reference (issue 34): absolute, normalised, outside what the sandbox hides."""
+    g = {e["value"]: e for e in golden()}
+    for v, by in (("/home/me/hf", "ProtectHome=true"), ("/root/hf", "ProtectHome=true"),
+                  ("/run/user/1000/hf", "ProtectHome=true"), ("/tmp/hf", "PrivateTmp=true"),
+                  ("/var/tmp", "PrivateTmp=true")):
+        assert g[v]["unitPathProblem"] == f"{v} is hidden from the service by {by}", v
+    for v in ("/homework/hf", "/var/tmpx/hf", "/run/hf", "/opt/dflash/bin/dflashctl", "/srv/hf cache/%h"):
+        assert g[v]["unitPathProblem"] is None, v
+    for v in ("relative/hf", "plain", "/srv/../etc", "/srv/./hf", "/srv//hf"):
+        assert "must be an absolute path without" in g[v]["unitPathProblem"], v
+
+
+@pytest.mark.nix
+def test_the_modules_exec_assertions_use_the_same_rule(tmp_path):
+    """service-unit.nix's and router-unit.nix's execAssertions (what module.nix adds for ExecStart)
+    refuse exactly what unit_path_problem refuses, with its text."""
+    nix_or_skip()
+    lib = Path(__file__).resolve().parent.parent / "nix" / "lib"
+    paths = {"dflashctl": "/home/me/bin/dflashctl", "python": "/nix/store/abc-env/bin/python",
+             "settingsFile": "/tmp/x.json"}
+    attrs = " ".join(f'{k} = "{v}";' for k, v in paths.items())
+    expr = (f"{{ instance = (import {lib}/service-unit.nix).execAssertions \"a\" {{ {attrs} }}; "
+            f"router = (import {lib}/router-unit.nix).execAssertions {{ {attrs} }}; }}")
+    r = subprocess.run(["nix-instantiate", "--eval", "--strict", "--json", "--expr", expr],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    for key, where in (("instance", "services.dflash.instances.a (ExecStart)"),
+                       ("router", "services.dflash.router (ExecStart)")):
+        failed = sorted(a["message"] for a in got[key] if not a["assertion"])
+        want = sorted(f"{where}: {k}: {unit_text.unit_path_problem(v)}" for k, v in paths.items()
+                      if unit_text.unit_path_problem(v))
+        assert failed == want and len(want) == 2, (key, failed)

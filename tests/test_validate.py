@@ -295,7 +295,7 @@ def run_cli_on_bytes(tmp_path: Path, data: bytes, command: str, capsys) -> tuple
 UNREADABLE = [
     ("invalid-utf8", b'{"name": "a", "model": "\xff\xfe"}', "is not UTF-8 text: byte 24: invalid start byte"),
     ("deep-nesting", b'{"name": "a", "model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-     "is not valid settings: its JSON is nested too deeply"),
+     "is not a valid settings file: its JSON is nested too deeply"),
     ("duplicate-key", b'{"name": "a", "model": "m", "port": 1, "port": 30000}',
      'is ambiguous: the key "port" appears twice in one object'),
     ("50-MB-model", b'{"name": "a", "model": "' + b"m" * 50_000_000 + b'"}',

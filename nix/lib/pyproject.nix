@@ -70,7 +70,8 @@ rec {
     builtins.concatStringsSep "-" (builtins.filter builtins.isString parts);
 
   # { version = the static [project] version, or null when it is dynamic; buildSystem = names
-  #   of [build-system] requires (PEP 518's default when the table is absent). }
+  #   of [build-system] requires (PEP 518's default when the table is absent); rustExtensions =
+  #   the targets of [[tool.setuptools-rust.ext-modules]] (sglang 0.5.11 has one). }
   read =
     path:
     let
@@ -84,5 +85,6 @@ rec {
           "wheel"
         ]
       );
+      rustExtensions = map (m: m.target) (doc.tool.setuptools-rust.ext-modules or [ ]);
     };
 }

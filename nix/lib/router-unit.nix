@@ -7,6 +7,10 @@
 #
 # A settings file's content holds every key, as `dflashctl router-unit` writes it: workers,
 # instanceUnits, host, metricsHost, drainSec, apiKeyFile, adminApiKeyFile, ...
+#
+# The unit's text depends on the router's settings and packages only, never on which instances
+# there are (they order themselves Before= it, nix/lib/service-unit.nix): instances added or
+# removed change the workers alone, which `triggers` makes a reload.
 let
   inherit (builtins)
     all
@@ -21,6 +25,10 @@ let
 
   unitText = import ./unit-text.nix;
   data = builtins.fromJSON (builtins.readFile ../../python/dflashctl/service/data/router-unit.json);
+  # The sandbox's hidden directories and the credential fallback: one text for both units.
+  serviceData = builtins.fromJSON (
+    builtins.readFile ../../python/dflashctl/service/data/service-unit.json
+  );
   loopback = [
     "127.0.0.1"
     "localhost"
@@ -39,16 +47,27 @@ let
     if v6 != null then builtins.head v6 else builtins.head v4;
 
   loopbackOnly =
-    s: all (h: elem h loopback) ([ s.host s.metricsHost ] ++ map urlHost s.workers);
+    s:
+    all (h: elem h loopback) (
+      [
+        s.host
+        s.metricsHost
+      ]
+      ++ map urlHost s.workers
+    );
 
   credentials =
     s:
-    optional (
-      s.apiKeyFile != null
-    ) "${data.apiKeyCredential}:${unitText.specifiers s.apiKeyFile}"
-    ++ optional (
-      s.adminApiKeyFile != null
-    ) "${data.adminApiKeyCredential}:${unitText.specifiers s.adminApiKeyFile}";
+    unitText.credentials serviceData.credentialFallback [
+      {
+        id = data.apiKeyCredential;
+        path = s.apiKeyFile;
+      }
+      {
+        id = data.adminApiKeyCredential;
+        path = s.adminApiKeyFile;
+      }
+    ];
 
   command =
     {
@@ -143,13 +162,15 @@ in
       keys = instanceKeys instances;
       taken = concatMap (
         n:
-        map (port: {
-          inherit port;
-          name = n;
-        }) [
-          instances.${n}.port
-          (instances.${n}.port + 10000)
-        ]
+        map
+          (port: {
+            inherit port;
+            name = n;
+          })
+          [
+            instances.${n}.port
+            (instances.${n}.port + 10000)
+          ]
       ) (attrNames instances);
       clash = key: filter (t: t.port == router.${key}) taken;
     in
@@ -160,20 +181,48 @@ in
       }
       {
         assertion =
-          builtins.length keys <= 1 && (keys == [ ] || elem router.apiKeyFile [
-            null
-            (head keys)
-          ]);
+          builtins.length keys <= 1
+          && (
+            keys == [ ]
+            || elem router.apiKeyFile [
+              null
+              (head keys)
+            ]
+          );
         message = "services.dflash.router.apiKeyFile: the instances' API keys differ from each other or from the router's (${toString keys}); sglang-router 0.3.2 checks clients against one key and sends that same key to every worker, so give every instance and the router one apiKeyFile";
       }
     ]
-    ++ map (key: {
-      assertion = clash key == [ ];
-      message = "services.dflash.router.${key}: ${toString router.${key}} clashes with instance '${(head (clash key)).name}' (an instance uses its port and, for SGLang's gRPC server, port + 10000); choose a free port";
-    }) [
-      "port"
-      "metricsPort"
+    ++
+      map
+        (key: {
+          assertion = clash key == [ ];
+          message = "services.dflash.router.${key}: ${toString router.${key}} clashes with instance '${(head (clash key)).name}' (an instance uses its port and, for SGLang's gRPC server, port + 10000); choose a free port";
+        })
+        [
+          "port"
+          "metricsPort"
+        ];
+
+  # What a running router takes without a restart: `systemctl reload` (ExecReload, `dflashctl
+  # router --sync`) makes its workers the settings' workers through the admin API. Everything else
+  # in the settings it reads at start. instanceUnits (which unit serves which worker, for tools)
+  # neither reads, so it triggers nothing. nix/module.nix gives these as the unit's reloadTriggers
+  # and restartTriggers: NixOS restarts a unit whose file changed, unless only X-Reload-Triggers did.
+  triggers = settings: {
+    reload = [ (builtins.toJSON settings.workers) ];
+    restart = [
+      (builtins.toJSON (
+        removeAttrs settings [
+          "workers"
+          "instanceUnits"
+        ]
+      ))
     ];
+  };
+
+  # NixOS assertions that the unit can run what ExecStart names (`dflashctl router-unit`'s rule).
+  execAssertions =
+    paths: unitText.pathAssertions serviceData.hidden "services.dflash.router (ExecStart)" paths;
 
   # { Unit, Service, Install }: directive -> value (a list is one line per element). `dflashctl`,
   # `python` (the router environment's interpreter) and `settingsFile` are absolute paths.
@@ -189,10 +238,9 @@ in
       paths = { inherit dflashctl python settingsFile; };
     in
     {
+      # No instance here: each instance's unit orders itself Before= the router.
       Unit = data.unit // {
         Description = unitText.specifiers data.unit.Description;
-        After = data.unit.After ++ s.instanceUnits;
-        Wants = data.unit.Wants ++ s.instanceUnits;
       };
       Service =
         data.service
@@ -201,7 +249,7 @@ in
           ExecReload = command paths [ "--sync" ];
           TimeoutStopSec = "${toString (s.drainSec + data.stopMarginSec)}s";
         }
-        // optionalAttrs (credentials s != [ ]) { LoadCredential = credentials s; }
+        // credentials s
         // optionalAttrs (loopbackOnly s) (
           removeAttrs data.ipAddress (filter (k: match "_.*" k != null) (builtins.attrNames data.ipAddress))
         );

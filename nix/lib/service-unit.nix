@@ -115,12 +115,35 @@ let
 
   credentials =
     i:
-    optional (
-      i.apiKeyFile != null
-    ) "${data.apiKeyCredential}:${unitText.specifiers i.apiKeyFile}"
-    ++ optional (
-      i.hfTokenFile != null
-    ) "${data.hfTokenCredential}:${unitText.specifiers i.hfTokenFile}";
+    unitText.credentials data.credentialFallback [
+      {
+        id = data.apiKeyCredential;
+        path = i.apiKeyFile;
+      }
+      {
+        id = data.hfTokenCredential;
+        path = i.hfTokenFile;
+      }
+    ];
+
+  # The host directories the service reads (unit.referenced_settings in dflashctl).
+  isLocal = model: model != null && builtins.any (p: hasPrefix p model) texts.localModelPrefixes;
+  referencedPaths =
+    i:
+    filter (r: r.path != null) [
+      {
+        key = "model";
+        path = if isLocal i.model then i.model else null;
+      }
+      {
+        key = "draftModel";
+        path = if isLocal i.draftModel then i.draftModel else null;
+      }
+      {
+        key = "driverLibraryDir";
+        path = i.driverLibraryDir;
+      }
+    ];
 
   # A cacheDir directive that the data file also sets (CacheDirectory=%N) gets both values.
   cacheDirectives =
@@ -191,7 +214,13 @@ rec {
     if kernels == null then
       i
     else
-      i // { environment = { DFLASH_PREBUILT_KERNELS = "${kernels}"; } // i.environment; };
+      i
+      // {
+        environment = {
+          DFLASH_PREBUILT_KERNELS = "${kernels}";
+        }
+        // i.environment;
+      };
 
   # { Unit, Service, Install }: directive -> value (a list is one line per element). `dflashctl`,
   # `python` and `settingsFile` are the absolute paths ExecStart runs.
@@ -205,18 +234,24 @@ rec {
     }:
     let
       i = instance;
-    in
-    {
-      Unit = {
-        Description = unitText.specifiers (
-          unitText.fill data.description {
-            inherit name;
-            inherit (i) model;
-          }
-        );
-      }
-      // data.unit;
-      Service =
+      d = {
+        Unit = {
+          Description = unitText.specifiers (
+            unitText.fill data.description {
+              inherit name;
+              inherit (i) model;
+            }
+          );
+        }
+        // data.unit;
+        Service = service;
+        Install = data.install;
+      };
+      # What the unit runs, as one value (dflashctl's unit.definition_digest, over the same JSON):
+      # the running process carries it in its environment, the unit the current one. The settings
+      # are in it through settingsFile, a store path that changes with them.
+      digest = builtins.substring 0 16 (builtins.hashString "sha256" (builtins.toJSON d));
+      service =
         data.service
         // {
           ExecStart = unitText.commandLine [
@@ -229,7 +264,7 @@ rec {
           ];
           TimeoutStartSec = "${toString (i.startTimeoutSec + data.timeoutStartMarginSec)}s";
         }
-        // optionalAttrs (credentials i != [ ]) { LoadCredential = credentials i; }
+        // credentials i
         // cacheDirectives i
         // optionalAttrs (staticUser i) (
           {
@@ -238,7 +273,12 @@ rec {
           }
           // optionalAttrs ((i.group or null) != null) { Group = i.group; }
         );
-      Install = data.install;
+    in
+    d
+    // {
+      Service = service // {
+        Environment = service.Environment ++ [ "DFLASH_UNIT_DIGEST=${digest}" ];
+      };
     };
 
   # The unit file of `directives`, lines sorted by key within a section (as NixOS writes them).
@@ -278,6 +318,11 @@ rec {
         message = "${opt}.user = \"root\" would run SGLang with full privileges; use null (DynamicUser) or an unprivileged user";
       }
     ]
+    # What the service reads from the host must be visible in its sandbox (unit_text's rule).
+    ++ map (r: {
+      assertion = unitText.unitPathProblem data.hidden r.path == null;
+      message = "${opt}.${r.key}: ${toString (unitText.unitPathProblem data.hidden r.path)}";
+    }) (referencedPaths i)
     # The option types refuse these already; the rule stands here for callers without them.
     ++ map (s: {
       assertion = false;
@@ -289,8 +334,10 @@ rec {
       else
         [
           {
-            assertion = unitText.cacheDirProblem data.cacheDir i.cacheDir == null;
-            message = "${opt}.cacheDir: ${toString (unitText.cacheDirProblem data.cacheDir i.cacheDir)}";
+            assertion = unitText.cacheDirProblem data.cacheDir data.hidden i.cacheDir == null;
+            message = "${opt}.cacheDir: ${
+              toString (unitText.cacheDirProblem data.cacheDir data.hidden i.cacheDir)
+            }";
           }
           {
             assertion = cacheOf i != null;
@@ -298,6 +345,10 @@ rec {
           }
         ]
     );
+
+  # NixOS assertions that the unit can run what ExecStart names (store paths in the module).
+  execAssertions =
+    name: paths: unitText.pathAssertions data.hidden "${optionPath name} (ExecStart)" paths;
 
   # systemd chowns a CacheDirectory/StateDirectory to the dynamic user of each start: two
   # DynamicUser instances on one directory would take it from each other. `instances`: the enabled.
@@ -311,7 +362,9 @@ rec {
     in
     map (dir: {
       assertion = false;
-      message = "services.dflash.instances.{${concatStringsSep "," byDir.${dir}}}.cacheDir: ${dir} is shared by DynamicUser instances, and systemd gives it to one dynamic user at a time; give each its own cacheDir, or run them as one static user";
+      message = "services.dflash.instances.{${
+        concatStringsSep "," byDir.${dir}
+      }}.cacheDir: ${dir} is shared by DynamicUser instances, and systemd gives it to one dynamic user at a time; give each its own cacheDir, or run them as one static user";
     }) (filter (dir: length byDir.${dir} > 1) (attrNames byDir));
 
   # Allowed but probably unwanted: the texts of `dflashctl validate`'s warnings (warnings.json).

@@ -73,6 +73,27 @@ let
         directive = rules.systemdOwned.${head prefixes};
         rel = stripSlash (substring (stringLength (head prefixes)) (stringLength path) path);
       };
+  orElse = a: b: if a != null then a else b;
+  componentsProblem =
+    path:
+    let
+      parts = filter isString (split "/" path);
+    in
+    if !hasPrefix "/" path || any (p: p == "." || p == "..") parts || contains "//" path then
+      "must be an absolute path without '.', '..' or '//' components"
+    else
+      null;
+  hiddenBy =
+    hidden: path:
+    let
+      prefixes = filter (p: match "_.*" p == null && (path == p || hasPrefix "${p}/" path)) (
+        attrNames hidden
+      );
+    in
+    if prefixes == [ ] then
+      null
+    else
+      "${path} is hidden from the service by ${hidden.${head prefixes}}";
 in
 rec {
   inherit specifiers pathWord;
@@ -122,17 +143,44 @@ rec {
       attrNames values
     )) template;
 
-  cacheDirProblem =
-    rules: path:
+  # null, or why a unit cannot use `path` (what it runs, its settings file, a model or driver
+  # directory): absolute, outside what the sandbox hides (`hidden`: service-unit.json's "hidden").
+  unitPathProblem = hidden: path: orElse (componentsProblem path) (hiddenBy hidden path);
+
+  # NixOS assertions that the unit can run and read `paths` (what -> absolute path), under the
+  # option path `where` (dflashctl's twin: unit.check_exec_start).
+  pathAssertions =
+    hidden: where: paths:
+    map (what: {
+      assertion = unitPathProblem hidden paths.${what} == null;
+      message = "${where}: ${what}: ${toString (unitPathProblem hidden paths.${what})}";
+    }) (attrNames paths);
+
+  # LoadCredential= for each { id, path } with a path, each with its SetCredential= fallback (the
+  # text systemd hands the service where it cannot read the file; dflashctl then names the file):
+  # dflashctl's twin is unit.credentials.
+  credentials =
+    fallback: given:
     let
-      parts = filter isString (split "/" path);
-      hidden = filter (p: path == p || hasPrefix "${p}/" path) (attrNames rules.hidden);
+      set = filter (c: c.path != null) given;
+    in
+    if set == [ ] then
+      { }
+    else
+      {
+        LoadCredential = map (c: "${c.id}:${specifiers c.path}") set;
+        SetCredential = map (c: "${c.id}:${fallback}") set;
+      };
+
+  cacheDirProblem =
+    rules: hidden: path:
+    let
       owned = ownedBy rules path;
     in
-    if !hasPrefix "/" path || any (p: p == "." || p == "..") parts || contains "//" path then
-      "must be an absolute path without '.', '..' or '//' components"
-    else if hidden != [ ] then
-      "${path} is hidden from the service by ${rules.hidden.${head hidden}}; use a directory under /var/cache (systemd creates and owns it), or one like /srv/hf with a static user"
+    if componentsProblem path != null then
+      componentsProblem path
+    else if hiddenBy hidden path != null then
+      "${hiddenBy hidden path}; use a directory under /var/cache (systemd creates and owns it), or one like /srv/hf with a static user"
     else if owned != null && !plainRelative owned.rel then
       "${path}: below ${owned.prefix} it becomes ${owned.directive}=${owned.rel}, which takes plain names only (letters, digits, '.', '_', '-', '+', '@', '/')"
     else

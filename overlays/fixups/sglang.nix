@@ -4,6 +4,7 @@
   lib,
   python,
   options,
+  packages,
   ...
 }:
 let
@@ -23,23 +24,58 @@ lib.optionalAttrs isWheel {
   src = sglangSrc;
   version = (nixLib.wheel.parts srcName).version;
 }
-// lib.optionalAttrs isTree {
-  # A checkout of the upstream repository: its python/ directory is built with its own
-  # pyproject (PEP 517), keeping the lock's dependencies. A dynamic version falls back to the
-  # lock's.
-  src = sglangSrc;
-  pyproject = true;
-  version = if tree.version != null then tree.version else prev.version;
-  postUnpack = (prev.postUnpack or "") + ''
-    sourceRoot=$sourceRoot/python
-  '';
-  build-system = map (name: python.pkgs.${name}) tree.buildSystem;
-  # pyproject = true brings the PEP 517 build and install hooks; the wheel's unpack hook
-  # would copy the tree as if it were a wheel file.
-  nativeBuildInputs = lib.remove python.pkgs.wheelUnpackHook (
-    lib.remove python.pkgs.pypaInstallHook prev.nativeBuildInputs
-  );
-}
+// lib.optionalAttrs isTree (
+  let
+    version = if tree.version != null then tree.version else prev.version;
+  in
+  {
+    # A checkout of the upstream repository: its python/ directory is built with its own
+    # pyproject (PEP 517: pypaBuildHook, `python -m build --no-isolation`), keeping the lock's
+    # dependencies.
+    src = sglangSrc;
+    pyproject = true;
+    inherit version;
+    postUnpack = (prev.postUnpack or "") + ''
+      sourceRoot=$sourceRoot/python
+    '';
+    # A dynamic version (0.5.11: setuptools-scm) cannot be read from a fetched tree, which has no
+    # .git: setuptools-scm is given the lock's version, so the wheel, sglang.__version__ and
+    # the derivation agree (without it, 0.5.11 builds as its fallback 0.0.0.dev0).
+    env =
+      (prev.env or { })
+      // lib.optionalAttrs (tree.version == null) {
+        SETUPTOOLS_SCM_PRETEND_VERSION = version;
+      };
+    # The build requirements the tree names, the lock's where it has them (setuptools), nixpkgs'
+    # otherwise (setuptools-scm, setuptools-rust, wheel); `build` checks their pins.
+    build-system = map (name: packages.${name} or python.pkgs.${name}) tree.buildSystem;
+    # The runtime-dependency check (pythonRuntimeDepsCheckHook) holds the built wheel's
+    # Requires-Dist to the installed versions. The installed ones are the lock's, on purpose: the
+    # stack is pinned in nix/stack.toml, and a patched tree that pins other versions (later SGLang
+    # requires xgrammar 0.2) gets the lock's anyway. Relaxed, the check still fails for a
+    # requirement the lock does not have at all, which is what it can usefully say here.
+    pythonRelaxDeps = true;
+    # 0.5.11's pyproject also builds a Rust extension (sglang.srt.grpc._core, setuptools-rust)
+    # that nothing in 0.5.11 imports; its crate comes without a Cargo.lock, so the build
+    # sandbox could not fetch its crates. It is left out of the build.
+    postPatch =
+      (prev.postPatch or "")
+      + lib.optionalString (tree.rustExtensions != [ ]) ''
+        echo "sglang: leaving out the Rust extension(s) ${toString tree.rustExtensions} (no Cargo.lock)"
+        ${python.interpreter} -c '
+        import re
+        text = open("pyproject.toml").read()
+        kept = re.sub(r"(?ms)^\[\[tool\.setuptools-rust\.ext-modules\]\]\n.*?(?=^\[|\Z)", "", text)
+        open("pyproject.toml", "w").write(kept)
+        '
+      '';
+    # pyproject = true brings the PEP 517 build and install hooks; the wheel's unpack hook
+    # would copy the tree as if it were a wheel file.
+    nativeBuildInputs = lib.remove python.pkgs.wheelUnpackHook (
+      lib.remove python.pkgs.pypaInstallHook prev.nativeBuildInputs
+    );
+  }
+)
 // lib.optionalAttrs (sglangPatches != [ ]) {
   # A wheel has no source tree to patch, so the installed files are patched; upstream patches
   # say a/python/sglang/..., installed files are sglang/..., hence the default -p2.

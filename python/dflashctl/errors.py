@@ -11,10 +11,16 @@ USAGE = 2  # argparse's own code for bad arguments
 NOT_LOSSLESS = 4  # smoke: a speculative run's greedy outputs differ from the baseline's
 GRAMMAR_VIOLATION = 5  # smoke: a constrained output broke its grammar, or a constrained request failed
 DRAFTS_REJECTED = 6  # smoke: the oracle pair's acceptance left its band: the draft path is broken
+ROLLOUT_STOPPED = 7  # rollout: a step failed or was interrupted; the instances not reached still serve
+INPUT = 66  # EX_NOINPUT: an input file (lock, spec, fingerprint) cannot be read or is not one
+OUTPUT = 73  # EX_CANTCREAT: an output file cannot be written (nothing was written: output.py)
+ROLLOUT_BUSY = 75  # EX_TEMPFAIL: another rollout holds this host's rollout lock
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 # Failures that repeat identically on every start: systemd must not restart them
 # (listed in RestartPreventExitStatus in python/dflashctl/service/data/service-unit.json; a test keeps both in step).
 CONFIG = 78  # EX_CONFIG: the instance settings are invalid
+PREFLIGHT_MODEL_PAIR = 79  # the model's or the drafter's files do not fit SGLang or each other
 PREFLIGHT_TORCH = 80  # torch missing, not the CUDA 13 build, or no GPU visible
 PREFLIGHT_KERNEL = 81  # sgl_kernel's common_ops does not load on this GPU
 PREFLIGHT_GRAMMAR = 82  # the selected grammar backend lacks what SGLang imports
@@ -22,9 +28,9 @@ PREFLIGHT_SOUNDFILE = 83  # soundfile / libsndfile missing (SGLang imports it at
 PREFLIGHT_NATIVE = 84  # libnuma or libcuda does not resolve
 PREFLIGHT_DRIVER = 85  # the NVIDIA driver is too old for CUDA 13
 PREFLIGHT_SGLANG = 86  # sglang itself does not import, or lacks the requested algorithm
-PREFLIGHT_MODEL_MISSING = 88  # offline, and the pinned revision is not fully in the cache
-NO_RESTART = (CONFIG, PREFLIGHT_TORCH, PREFLIGHT_KERNEL, PREFLIGHT_GRAMMAR, PREFLIGHT_SOUNDFILE,
-              PREFLIGHT_NATIVE, PREFLIGHT_DRIVER, PREFLIGHT_SGLANG, PREFLIGHT_MODEL_MISSING)
+PREFLIGHT_MODEL_MISSING = 88  # offline and not fully in the cache, or a local model's files missing
+NO_RESTART = (CONFIG, PREFLIGHT_MODEL_PAIR, PREFLIGHT_TORCH, PREFLIGHT_KERNEL, PREFLIGHT_GRAMMAR,
+              PREFLIGHT_SOUNDFILE, PREFLIGHT_NATIVE, PREFLIGHT_DRIVER, PREFLIGHT_SGLANG, PREFLIGHT_MODEL_MISSING)
 
 # Failures worth a restart with backoff (a crash can be transient: OOM, a GPU reset).
 PREFLIGHT_GPU_BUSY = 87  # another process holds the GPU memory SGLang would claim (it may finish)

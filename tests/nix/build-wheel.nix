@@ -14,6 +14,8 @@ let
       wheelUnpackHook = "wheelUnpackHook";
       pypaInstallHook = "pypaInstallHook";
       setuptools = "setuptools";
+      setuptools-scm = "setuptools-scm";
+      setuptools-rust = "setuptools-rust";
       wheel = "wheel";
     };
   };
@@ -34,6 +36,9 @@ let
       dependencies = [ "/store/torch" ];
       fixup = import ../../overlays/fixups/sglang.nix {
         inherit lib python;
+        # The lock's packages a tree's build requirements may come from (the fixture lock has no
+        # setuptools; the real lock's is setuptools 81.0.0).
+        packages.setuptools = "locked setuptools";
         options = {
           sglangPatches = [ ];
           sglangPatchFlags = [ "-p2" ];
@@ -54,7 +59,10 @@ let
     pyproject = args.pyproject or null;
     postPhases = args.postPhases or null;
     postUnpack = args.postUnpack or null;
+    postPatch = args.postPatch or null;
     build-system = args.build-system or null;
+    env = args.env or null;
+    pythonRelaxDeps = args.pythonRelaxDeps or null;
   };
 in
 {

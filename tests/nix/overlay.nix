@@ -49,6 +49,9 @@ let
         uv = "uv";
         nixfmt = "nixfmt";
         git = "git";
+        runCommand =
+          name: _: _:
+          "/stub/${name}";
         callPackage =
           fn: args:
           let
@@ -66,7 +69,7 @@ let
           };
           buildEnv.override = args: {
             extraLibs = map (p: p.pname) args.extraLibs;
-            overrideAttrs = f: { inherit (args) extraLibs; } // f { };
+            overrideAttrs = f: { inherit (args) extraLibs; } // f { outPath = "/stub/env"; };
           };
         };
       };
@@ -84,6 +87,8 @@ else
     stack = map (p: p.pname) pkgs.dflashStack;
     devStack = map (p: p.pname) pkgs.dflashDevStack;
     envLibs = map (p: p.pname or p) pkgs.dflash-env.extraLibs;
+    # Its byte-code test: doctor's check on the environment's own Python (not a flake check).
+    envTests = builtins.attrNames pkgs.dflash-env.passthru.tests;
     # The router's environment from its own lock (nix/router-lock.json, x86_64-linux).
     routerEnvLibs = map (p: p.pname or p) pkgs.dflash-router-env.extraLibs;
     # nix/dev-shell.nix: its Python environment is the first of the shell's packages.

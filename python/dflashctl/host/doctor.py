@@ -9,14 +9,15 @@ import os
 import sys
 import time
 
-from dflashctl import errors
+from dflashctl import cli_help, errors, output
+from dflashctl.cli_help import positive_float
 from dflashctl.host import fingerprint, gpus, hub_cache, kernels
 from dflashctl.lock import locate, lockfile
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("doctor", help="check this host's stack against the lock",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("doctor", __doc__))
     p.add_argument("--lock", metavar="PATH",
                    help=f"lock to compare with (default: ${locate.ENV}, else the lock installed with "
                         "dflashctl, else its source checkout's nix/python-lock.json)")
@@ -24,7 +25,8 @@ def register(subparsers) -> None:
                    help="the Python environment to inspect (default: the one running dflashctl)")
     p.add_argument("--json", action="store_true", help="print the fingerprint as JSON")
     p.add_argument("--save", metavar="FILE", help="also write the fingerprint JSON to FILE, for `diff`")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds each probe may take (%(default)s)")
+    p.add_argument("--timeout", type=positive_float, default=30.0,
+                   help="seconds each probe may take (%(default)s)")
     p.add_argument("--model", action="append", default=[], metavar="REPO[@REVISION]",
                    help="also report which commit of this hub model the cache holds and whether it is "
                         "complete (repeatable; `dflashctl models status --config FILE` does it per instance)")
@@ -70,28 +72,34 @@ def exit_code(fp: dict) -> int:
 
 def run(args) -> int:
     started = time.monotonic()
+    # Everything given on purpose is checked before the probes: where the results go, the lock to
+    # compare with (none found is a warning in the report; one named and unreadable is a mistake).
+    save = output.check(args.save, "--save")
+    record = output.check(args.record_nvml, "--record-nvml")
+    if save is not None and record is not None and save.absolute() == record.absolute():
+        raise errors.DflashError("--save and --record-nvml name the same file", str(save),
+                                 "give the fingerprint and the NVML recording a file each", errors.USAGE)
+    if args.lock:
+        lockfile.load(args.lock)
+    configs = kernels.model_configs(args.model_config, False)
     print(f"dflashctl doctor: probing {args.python} …", file=sys.stderr)
-    fp = fingerprint.build(args.python, args.lock, args.timeout, args.kernels or "",
-                           kernels.model_configs(args.model_config, False))
+    fp = fingerprint.build(args.python, args.lock, args.timeout, args.kernels or "", configs)
     if args.model:
         env = dict(os.environ, **({"HF_HOME": args.hf_home} if args.hf_home else {}))
         fp["models"] = [hub_cache.inspect(env, *_repo_rev(m)).to_json() for m in args.model]
         fp["checks"] += [hub_cache.check(m).to_json() for m in fp["models"]]
     fp["seconds"] = round(time.monotonic() - started, 2)
-    text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
-    if args.record_nvml:
-        gpus.save_recording(fp["gpus"], args.record_nvml, "dflashctl doctor --record-nvml")
-    sys.stdout.write(text if args.json else render(fp))
-    print(f"dflashctl doctor: done in {fp['seconds']:.1f} s", file=sys.stderr)
-    if args.save:
-        save(args.save, text)
-    return exit_code(fp)
-
-
-def save(path: str, text: str) -> None:
-    """Write the fingerprint; the findings are printed already, so a bad path costs no re-run."""
+    files = [(save, json.dumps(fp, indent=2, sort_keys=True) + "\n", "--save")] if save else []
+    if record is not None:
+        files.append((record, gpus.recording_text(fp["gpus"], "dflashctl doctor --record-nvml"), "--record-nvml"))
+    if not args.json:
+        output.emit(render(fp))  # the findings first: a full disk below costs no re-run
     try:
-        lockfile.write_atomic(path, text)
-    except OSError as e:
-        raise errors.DflashError(f"cannot save the fingerprint to {path}", e.strerror or str(e),
-                                 "pass --save a file in a directory you can write to") from None
+        output.write_all(files)
+    except errors.DflashError as e:
+        e.result = fp  # --json: the fingerprint rides in the error object
+        raise
+    if args.json:
+        output.print_json(fp, sort_keys=True)
+    print(f"dflashctl doctor: done in {fp['seconds']:.1f} s", file=sys.stderr)
+    return exit_code(fp)

@@ -8,14 +8,15 @@ compared with one saved elsewhere tomorrow.
 import datetime
 import os
 import platform
+import shlex
 import socket
 import sys
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from dflashctl import __version__
-from dflashctl.errors import DflashError
+from dflashctl import __version__, inputs
+from dflashctl.errors import INPUT, DflashError
 from dflashctl.host import driver, gpus, kernels, probes
 from dflashctl.lock import locate, lockfile
 from dflashctl.systems import current_system
@@ -74,17 +75,29 @@ def compare_with_lock(packages: dict, found: locate.FoundLock, python_version: s
     }
 
 
-def install_locked_hint(lock: dict, python: str) -> str:
+def install_locked_hint(lock: dict, python: str, python_version: str | None = None) -> str:
     """The commands that put the locked wheels into `python`'s environment (export writes a file:
-    pip reads requirements from a path, not from stdin)."""
+    pip reads requirements from a path, not from stdin). For a Python other than the lock's, whose
+    pip would pick other wheels than the hashes allow, a new environment with the lock's Python."""
     req = "/tmp/dflash-requirements.txt"
-    return (f"install the locked wheels: dflashctl export --system {lock['system']} --lock {lock['path']} "
-            f"-o {req} && {python} -m pip install --no-deps --require-hashes -r {req}")
+    export = f"dflashctl export --system {lock['system']} --lock {shlex.quote(str(lock['path']))} -o {req}"
+    if lock.get("python_matches") is False:
+        v = lock["python"]
+        return (f"this Python ({python_version or 'not ' + v}) cannot hold the stack: the lock's wheels are for "
+                f"CPython {v}. Make an environment with Python {v} and install them there: `python{v} -m venv "
+                f"/opt/dflash && {export} && /opt/dflash/bin/pip install --no-deps --require-hashes -r {req}`, "
+                f"then run dflashctl with --python /opt/dflash/bin/python; or with Nix `{probes.NIX_INSTALL}`")
+    return f"install the locked wheels: {export} && {shlex.quote(python)} -m pip install --no-deps --require-hashes -r {req}"
 
 
-def locked_stack(lock: dict, python: str) -> probes.Stack:
+def locked_stack(lock: dict, python: str, python_version: str | None = None) -> probes.Stack:
     """The versions and install command the checks' fixes name, from the lock doctor compared with."""
-    return probes.NO_LOCK if "error" in lock else stack_of_lock(lock["path"], python)
+    if "error" in lock:
+        return probes.NO_LOCK
+    stack = stack_of_lock(lock["path"], python)
+    if stack is probes.NO_LOCK or lock.get("python_matches") is not False:
+        return stack
+    return probes.Stack(stack.pins, install_locked_hint(lock, python, python_version))
 
 
 def stack_of_lock(path: Path | str | None, python: str) -> probes.Stack:
@@ -118,7 +131,7 @@ def lock_checks(lock: dict, python_version: str, python: str = "python3") -> lis
     if missing or other:
         shown = ", ".join(named[:6]) + (f", … {len(named) - 6} more" if len(named) > 6 else "")
         checks.append(probes.fail("packages", f"{counts} against {lock['path']}: {shown}",
-                                  install_locked_hint(lock, python),
+                                  install_locked_hint(lock, python, python_version),
                                   probes.errors.FAILED))
     elif extra:
         checks.append(probes.warn("packages", f"{counts}: {', '.join(list(extra)[:6])}",
@@ -132,7 +145,7 @@ def doctor_checks(results: dict, lock: dict, python_version: str, python: str = 
                   libraries: probes.Check | None = None) -> list[probes.Check]:
     """Every check doctor reports, in root-cause order (the same functions serve's preflight uses);
     `libraries`: driver discovery's check (driver.check)."""
-    stack = locked_stack(lock, python)
+    stack = locked_stack(lock, python, python_version)
     checks = lock_checks(lock, python_version, python) + ([libraries] if libraries else [])
     checks += [probes.check_driver(results["driver"]),
                probes.check_native("libcuda.so.1", results["libcuda"]),
@@ -193,36 +206,31 @@ def build(python: str = sys.executable, lock_path: Path | str | None = None,
     }
 
 
+MAX_FINGERPRINT = 64 << 20  # a fingerprint is ~30 KiB, a smoke result a few hundred
+
+
 def load(path: Path | str) -> dict:
     """A saved fingerprint, refused with a clear reason when it is not one. A `dflashctl smoke`
     result carries the fingerprint of the host it measured (identity.fingerprint): that one."""
-    import json
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DflashError(f"no fingerprint at {path}", "the file does not exist",
-                          "save one with `dflashctl doctor --save FILE`") from None
-    except (OSError, ValueError) as e:  # ValueError: bad JSON or bad UTF-8
-        raise DflashError(f"{path} is not a readable fingerprint", str(e),
-                          "save one with `dflashctl doctor --save FILE`") from None
-    except RecursionError:
-        raise DflashError(f"{path} is not a readable fingerprint", "its JSON is nested too deeply",
-                          "save one with `dflashctl doctor --save FILE`") from None
+    fix = "save one with `dflashctl doctor --save FILE`"
+    if not os.path.lexists(path):
+        raise DflashError(f"no fingerprint at {path}", "the file does not exist", fix, INPUT)
+    data = inputs.read_json(path, "fingerprint", fix, INPUT, MAX_FINGERPRINT)
     if isinstance(data, dict) and isinstance(data.get("identity"), dict):  # a smoke result
         if not data["identity"].get("fingerprint"):
             why = "; ".join(sorted(set(data["identity"].get("unknown", {}).values()))) or "none was kept"
             raise DflashError(f"the smoke result {path} carries no fingerprint", why,
-                              "compare results of `dflashctl smoke` that started its servers on the host")
+                              "compare results of `dflashctl smoke` that started its servers on the host", INPUT)
         data = data["identity"]["fingerprint"]
     if not isinstance(data, dict) or data.get("fingerprint_version") != FINGERPRINT_VERSION:
         raise DflashError(f"{path} is not a dflashctl fingerprint (version {FINGERPRINT_VERSION})",
                           "the field fingerprint_version is missing or different",
-                          "save it again with this dflashctl's `doctor --save FILE`")
+                          "save it again with this dflashctl's `doctor --save FILE`", INPUT)
     problem = shape_problem(data)
     if problem:
         raise DflashError(f"{path} is not a well-formed dflashctl fingerprint", problem,
-                          "save it again with `dflashctl doctor --save FILE` (do not edit it by hand)")
+                          "save it again with `dflashctl doctor --save FILE` (do not edit it by hand)", INPUT)
     return data
 
 

@@ -12,9 +12,8 @@ each with the majority's value and every host that differs, in the same group or
 """
 
 import json
-import sys
 
-from dflashctl import errors
+from dflashctl import cli_help, errors, output
 from dflashctl.host import fingerprint, probes, symbols
 
 FAILURE, ABI, SERVING, VERSION, OTHER = "failure", "abi", "serving", "version", "other"
@@ -257,41 +256,43 @@ def host_names(paths: list[str], fps: list[dict]) -> list[str]:
 def register(subparsers) -> None:
     p = subparsers.add_parser("diff", help="compare two fingerprints saved by `doctor --save` "
                                            "(or the hosts of two `smoke --json` results)",
-                              description=__doc__.splitlines()[0])
-    p.add_argument("a", metavar="A.json")
-    p.add_argument("b", metavar="B.json")
-    p.add_argument("more", nargs="*", metavar="C.json",
-                   help="more hosts: one table of how each differs from the majority")
+                              **cli_help.texts("diff", __doc__))
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="two fingerprints (A.json B.json), or three or more: one table of how each "
+                        "differs from the majority")
     p.add_argument("--json", action="store_true", help="print the differences as JSON")
     p.set_defaults(func=run)
 
 
-def run_fleet(args) -> int:
-    paths = [args.a, args.b, *args.more]
-    fps = [fingerprint.load(p) for p in paths]
+def run_fleet(args, paths: list[str], fps: list[dict]) -> int:
     names = host_names(paths, fps)
     rows = fleet(list(zip(names, fps)))
     bad = any(r["group"] in (FAILURE, ABI, SERVING) for r in rows)
     if args.json:
-        sys.stdout.write(json.dumps({"hosts": dict(zip(names, paths)), "breaking": bad, "differences": rows},
-                                    indent=2, sort_keys=True) + "\n")
+        output.print_json({"hosts": dict(zip(names, paths)), "breaking": bad, "differences": rows},
+                          sort_keys=True)
     else:
-        sys.stdout.write(render_fleet(rows, names))
+        output.emit(render_fleet(rows, names))
     return errors.FAILED if bad else errors.OK
 
 
 def run(args) -> int:
-    if args.more:
-        return run_fleet(args)
-    a, b = fingerprint.load(args.a), fingerprint.load(args.b)
+    paths = args.files
+    if len(paths) < 2:
+        raise errors.DflashError(f"{len(paths)} file given, at least two are needed",
+                                 "it compares hosts: fingerprints (`doctor --save`) or smoke results",
+                                 "pass A.json B.json (or more, for a fleet)", errors.USAGE)
+    fps = [fingerprint.load(p) for p in paths]  # every file read before anything is printed
+    if len(paths) > 2:
+        return run_fleet(args, paths, fps)
+    (pa, pb), (a, b) = paths, fps
     rows = differences(a, b)
     abi = any(r["group"] == ABI for r in rows)
     failed = any(r["group"] == FAILURE for r in rows)
     serving = any(r["group"] == SERVING for r in rows)
     if args.json:
-        sys.stdout.write(json.dumps({"a": args.a, "b": args.b, "abi_breaking": abi, "failures": failed,
-                                     "serving_other_weights": serving, "differences": rows},
-                                    indent=2, sort_keys=True) + "\n")
+        output.print_json({"a": pa, "b": pb, "abi_breaking": abi, "failures": failed,
+                           "serving_other_weights": serving, "differences": rows}, sort_keys=True)
     else:
-        sys.stdout.write(render(rows, args.a, args.b))
+        output.emit(render(rows, pa, pb))
     return errors.FAILED if abi or failed or serving else errors.OK

@@ -23,9 +23,8 @@ import os
 import socket
 from pathlib import Path
 
-from dflashctl import errors
+from dflashctl import errors, output
 from dflashctl.host import probes
-from dflashctl.lock import lockfile
 
 LIBRARY = "libnvidia-ml.so.1"
 REPLAY_ENV = "DFLASHCTL_NVML_REPLAY"
@@ -69,13 +68,18 @@ def load_recording(path: Path | str) -> dict:
 
 
 def save_recording(result: dict, path: Path | str, note: str = "") -> None:
+    output.write(path, recording_text(result, note), "--record-nvml")
+
+
+def recording_text(result: dict, note: str = "") -> str:
+    """The recording of NVML's answers (`doctor --record-nvml`), replayed by REPLAY_ENV."""
     if not result.get("ok"):
         raise errors.DflashError("NVML gave no answers to record", probes.failure_text(result),
                                  "fix the driver check first (dflashctl doctor)")
     data = {"format": RECORDING_FORMAT, "version": RECORDING_VERSION,
             "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "hostname": socket.gethostname(), "note": note, "nvml": result["facts"]}
-    lockfile.write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 # ----------------------------------------------------------------------------- what SGLang claims

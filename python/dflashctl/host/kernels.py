@@ -12,13 +12,15 @@ recording made on a GPU, are built by triton_kernels.py into the same directory'
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from dflashctl.errors import CONFIG, FAILED, DflashError
+from dflashctl import cli_help, inputs, output
+from dflashctl.errors import CONFIG, FAILED, INPUT, USAGE, DflashError
 from dflashctl.host import cuda_home, jit_caches, probes, triton_kernels
 from dflashctl.host.kernel_hook import dflash_kernel_hook as hook
 
@@ -171,7 +173,7 @@ def build_flashinfer_norm(python: str, out: Path, archs: list[str], env: dict[st
                           "--no-flashinfer-norm skips it", FAILED)
     record = {"format": INDEX_FORMAT, "archs": versions, "flashinfer": done["flashinfer"],
               "modules": [done["module"]]}
-    (out / FLASHINFER_AOT / hook.RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    output.write(out / FLASHINFER_AOT / hook.RECORD, json.dumps(record, indent=1, sort_keys=True) + "\n", "--out")
     return record
 
 
@@ -205,9 +207,8 @@ def provide(env: dict[str, str]) -> dict[str, str]:
 
 
 def write_index(out: Path, index: dict) -> None:
-    tmp = out / f".{INDEX}.tmp"  # replaced in one step: a reader never sees half an index
-    tmp.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
-    tmp.replace(out / INDEX)
+    """Replaced in one step (output.write): a reader never sees half an index."""
+    output.write(out / INDEX, json.dumps(index, indent=1, sort_keys=True) + "\n", "--out")
 
 
 def read_index(root: str | Path) -> dict | None:
@@ -296,6 +297,12 @@ def build(python: str, out: Path, archs: list[str], calls: list[list], env: dict
                               "its output ends with:\n" + "\n".join(p.stderr.strip().splitlines()[-15:]),
                               f"check that {python} has SGLang and tvm-ffi and that nvcc and c++ work", FAILED)
         ok = [r["call"] for r in results if r["ok"]]
+        absent = [r for r in results if "ModuleNotFoundError" in r.get("error", "")]
+        if not ok and results and len(absent) == len(results):
+            raise DflashError(f"{python} cannot import SGLang's JIT loaders, so nothing was built",
+                              absent[0]["error"][:300],
+                              "pass --python the stack's interpreter (the one with SGLang and tvm-ffi: "
+                              "/opt/dflash/bin/python, or the Nix package's bin/python)", FAILED)
         index["built"][arch] = sorted(ok + [c for c in index["built"].get(arch, []) if c not in ok])
         failures += [(arch, r) for r in results if not r["ok"]]
         say(f"kernels: {arch}: {len(ok)}/{len(results)} modules in {time.monotonic() - started:.0f} s")
@@ -310,8 +317,9 @@ def not_built(failures: list[tuple[str, dict]], what: str, name_of) -> DflashErr
     """The error for a build in which some of `what` failed: (arch, result) pairs, the first named."""
     arch, first = failures[0]
     return DflashError(f"{len(failures)} {what} did not build (first: {arch} {name_of(first)})",
-                       first.get("error", ""), "read the error above; what did build is in the index and is used",
-                       FAILED)
+                       first.get("error", "") or "no error was reported",
+                       "fix what the first failure says and build again; what did build is in the index "
+                       "and is used", FAILED)
 
 
 def build_triton(python: str, out: Path, archs: list[str], record_files: list[str], smoke: bool,
@@ -348,12 +356,22 @@ def build_triton(python: str, out: Path, archs: list[str], record_files: list[st
 
 def read_config(path: str) -> dict:
     p = Path(path)
-    p = p / "config.json" if p.is_dir() else p
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise DflashError(f"cannot read the model config {p}", str(e),
-                          "pass --model-config a model directory or its config.json", CONFIG) from None
+    p = p / "config.json" if os.path.isdir(p) else p
+    data = inputs.read_json(p, "model config", "pass --model-config a model directory or its config.json",
+                            CONFIG, 16 << 20)
+    if not isinstance(data, dict):
+        raise DflashError(f"{p} is not a model config", "a config.json is a JSON object",
+                          "pass --model-config a model directory or its config.json", CONFIG)
+    for key in SHAPE_KEYS:  # calls_for computes with them
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise DflashError(f"{p} is not a model config", f"{key} must be a positive integer, not "
+                              f"{json.dumps(value)[:40]}",
+                              "pass --model-config a model directory or its config.json", CONFIG)
+    return data
+
+
+SHAPE_KEYS = ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size")
 
 
 def model_configs(paths: list[str], smoke: bool) -> dict[str, dict]:
@@ -365,21 +383,28 @@ def model_configs(paths: list[str], smoke: bool) -> dict[str, dict]:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("kernels", help="SGLang's JIT kernels built ahead (no GPU needed), used read-only",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("kernels", __doc__))
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    b = sub.add_parser("build", help="compile the kernels for named archs and model shapes into a directory")
+    b = sub.add_parser("build", help="compile the kernels for named archs and model shapes into a directory",
+                       **cli_help.texts("kernels", "Compile SGLang's JIT kernels (and flashinfer's norm, and "
+                                        "recorded Triton kernels) for named archs and model shapes into a "
+                                        "directory, with no GPU."))
     b.add_argument("--out", required=True, metavar="DIR", help="the prebuilt directory (DFLASH_PREBUILT_KERNELS)")
-    s = sub.add_parser("status", help="whether a prebuilt directory covers an arch and model shapes")
+    s = sub.add_parser("status", help="whether a prebuilt directory covers an arch and model shapes",
+                       **cli_help.texts("kernels", "Whether a prebuilt directory (`kernels build --out DIR`) "
+                                        "holds every kernel an arch and the model shapes need; builds nothing."))
     s.add_argument("--dir", metavar="DIR", default=os.environ.get(PREBUILT_ENV),
                    help=f"the prebuilt directory (default ${PREBUILT_ENV})")
-    for q in (b, s):
+    for q, verb in ((b, "build"), (s, "look for")):
         q.add_argument("--arch", action="append", metavar="SM",
-                       help=f"CUDA arch, repeatable (build default: {' '.join(DEFAULT_ARCHS)})")
+                       help="CUDA arch, repeatable (default: " + (" ".join(DEFAULT_ARCHS) if q is b else
+                                                                  "the archs the directory was built for") + ")")
         q.add_argument("--model-config", action="append", default=[], metavar="PATH",
-                       help="a model directory or config.json whose shapes to build (repeatable)")
+                       help=f"a model directory or config.json whose shapes to {verb} (repeatable)")
         q.add_argument("--smoke", action="store_true",
-                       help="also the smoke's targets and, for build, its recorded Triton kernels (the default "
-                            "when no --model-config is given)")
+                       help=f"also {verb} the smoke's targets" + (" and its recorded Triton kernels" if q is b
+                                                                   else "") + " (the default when no "
+                       "--model-config is given)")
     b.add_argument("--python", default=sys.executable, help="the stack's interpreter (default: this one)")
     b.add_argument("--no-flashinfer-norm", dest="flashinfer_norm", action="store_false",
                    help="skip flashinfer's RMSNorm module (built by default, one binary for every arch)")
@@ -389,34 +414,62 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def check_python(python: str) -> None:
+    if not python or not os.path.isfile(python) or not os.access(python, os.X_OK):
+        raise DflashError(f"--python {python!r} is not an interpreter", "no executable file there",
+                          "pass --python the stack's interpreter (e.g. /opt/dflash/bin/python)", CONFIG)
+
+
 def run(args) -> int:
+    # Every argument is checked before anything is made or built.
     configs = model_configs(args.model_config, args.smoke)
+    archs = [arch_version(a) for a in (args.arch or ([] if args.action == "status" else DEFAULT_ARCHS))]
     if args.action == "build":
-        out = Path(args.out)
-        build(args.python, out, args.arch or DEFAULT_ARCHS, calls_of(configs), dict(os.environ),
-              say=lambda t: print(t, file=sys.stderr, flush=True))
-        if args.flashinfer_norm:
-            started = time.monotonic()
-            done = build_flashinfer_norm(args.python, out, args.arch or DEFAULT_ARCHS, dict(os.environ))
-            print(f"kernels: flashinfer {done['flashinfer']} norm for {' '.join(done['archs'])} in "
-                  f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-        # the smoke's recorded Triton kernels come with its shapes (model_configs' rule)
-        build_triton(args.python, out, args.arch or DEFAULT_ARCHS, args.triton_record,
-                     args.smoke or not args.model_config, dict(os.environ))
+        check_python(args.python)
+        for f in args.triton_record:
+            if not triton_kernels.read_records([Path(f)]):
+                raise DflashError(f"{f} holds no Triton kernel records", "no line is a record of this stack's "
+                                  "hook (DFLASH_TRITON_RECORD)", "record it on a GPU host: "
+                                  "DFLASH_TRITON_RECORD=FILE dflashctl smoke (docs/smoke.md)", CONFIG)
+        out = output.check_dir(args.out, "--out")
+        made = not out.exists()
+        try:
+            build_all(args, out, configs)
+        except DflashError:
+            if made and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()  # a build that made nothing leaves nothing
+            raise
         print(f"kernels: {out} holds {len(list(out.glob('*/' + hook.RECORD)))} prebuilt modules; "
               f"use it with {PREBUILT_ENV}={out.resolve()}")
         return 0
     if not args.dir:
         raise DflashError("no prebuilt kernel directory given", "",
-                          f"pass --dir DIR or set {PREBUILT_ENV}", CONFIG)
+                          f"pass --dir DIR or set {PREBUILT_ENV}", USAGE)
+    if not os.path.isdir(args.dir):
+        raise DflashError(f"{args.dir!r} is not a prebuilt kernel directory",
+                          "it does not exist" if not os.path.lexists(args.dir) else "it is not a directory",
+                          f"pass --dir the directory `dflashctl kernels build --out DIR` made", INPUT)
     covered = True
-    archs = args.arch or (read_index(args.dir) or {}).get("archs") or []
-    if not archs:
+    archs = archs or (read_index(args.dir) or {}).get("archs") or []
+    if read_index(args.dir) is None:
         raise DflashError(f"{args.dir} holds no {INDEX} of `dflashctl kernels build`", "",
-                          f"build it: dflashctl kernels build --out {args.dir}", FAILED)
+                          f"build it: dflashctl kernels build --out {shlex.quote(args.dir)}", INPUT)
     for arch in archs:
         ok, text = coverage(args.dir, arch, configs)
         covered &= ok
         print(f"{'ok' if ok else 'miss':<4}  {text}")
     return 0 if covered else FAILED
 
+
+def build_all(args, out: Path, configs: dict[str, dict]) -> None:
+    archs = args.arch or DEFAULT_ARCHS
+    build(args.python, out, archs, calls_of(configs), dict(os.environ),
+          say=lambda t: print(t, file=sys.stderr, flush=True))
+    if args.flashinfer_norm:
+        started = time.monotonic()
+        done = build_flashinfer_norm(args.python, out, archs, dict(os.environ))
+        print(f"kernels: flashinfer {done['flashinfer']} norm for {' '.join(done['archs'])} in "
+              f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    # the smoke's recorded Triton kernels come with its shapes (model_configs' rule)
+    build_triton(args.python, out, archs, args.triton_record, args.smoke or not args.model_config,
+                 dict(os.environ))

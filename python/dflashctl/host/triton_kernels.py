@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dflashctl import inputs
 from dflashctl.errors import CONFIG, FAILED, DflashError
 from dflashctl.host import cuda_home
 from dflashctl.host.kernel_hook import dflash_kernel_hook as hook
@@ -108,21 +109,20 @@ def read_records(paths: list[Path]) -> list[dict]:
     """The distinct kernels (by cache key) in recording files, in first-seen order."""
     seen: dict[str, dict] = {}
     for path in paths:
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as e:
-            raise DflashError(f"cannot read the Triton recording {path}", str(e),
-                              "record one with DFLASH_TRITON_RECORD=FILE on a GPU host (docs/smoke.md)",
-                              CONFIG) from None
+        lines = inputs.read_text(path, "Triton recording", "record one with DFLASH_TRITON_RECORD=FILE on a GPU "
+                                 "host (docs/smoke.md)", CONFIG, 256 << 20).splitlines()
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 r = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise DflashError(f"{path} line {n} is not JSON", line[:120],
                                   "record the file again; each line is one kernel", CONFIG) from None
-            if r.get("format") == hook.TRITON_RECORD_FORMAT:
+            if isinstance(r, dict) and r.get("format") == hook.TRITON_RECORD_FORMAT:
+                if not isinstance(r.get("hash"), str):
+                    raise DflashError(f"{path} line {n} is not a kernel record", "it has no cache key (hash)",
+                                      "record the file again; each line is one kernel", CONFIG)
                 seen.setdefault(r["hash"], r)
     return list(seen.values())
 

@@ -13,12 +13,12 @@ then checks, per wheel:
     the nixpkgs libraries in its buildInputs (nix/audit.nix lists their sonames), glibc, or its
     ignore list (the driver's libcuda/libnvidia-ml are on every list);
   - every `substituteInPlace ... --replace-fail OLD NEW` of its fix-up finds OLD in that file;
-and, per environment (dflash-env's set, the dev shell's set): no two wheels install one path with
-different content (python.buildEnv refuses a collision), after the files fix-ups remove.
+and, per environment (dflash-env's set, the dev shell's set): no two wheels leave one path with
+different content (python.buildEnv refuses a collision): their files, their entry-point scripts
+(bin/*) and the byte code the install hook compiles for every .py, after the files fix-ups remove.
 Run it after every pin change: `dflashctl lock` says so.
 """
 
-import argparse
 import fnmatch
 import json
 import os
@@ -31,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflashctl.errors import FAILED, DflashError
+from dflashctl import cli_help, output
+from dflashctl.errors import FAILED, INPUT, DflashError
 from dflashctl.lock import lockfile, wheelfetch, wheelfiles
 from dflashctl.lock import spec as specmod
 from dflashctl.lock.fixup_scripts import effects
@@ -52,6 +53,8 @@ class Report:
     elf_files: int = 0
     replacements: int = 0
     installed_paths: int = 0
+    scripts: int = 0
+    bytecode_files: int = 0
     problems: list[str] = field(default_factory=list)
 
 
@@ -212,24 +215,48 @@ def check_replacements(name, w, wheel: Path, scan, view) -> tuple[int, list[str]
     return count, problems
 
 
-def check_collisions(env: str, names: list[str], scans, view, lock_files) -> tuple[int, list[str]]:
+COLLIDING = {"file": "a file of each",
+             "script": "an entry-point script of each (console_scripts/gui_scripts)",
+             "bytecode": "byte code the install hook compiles for each of them (each .pyc names its own "
+                         "store path)"}
+
+
+def installed_files(name: str, scan: wheelfiles.Scan, view) -> list[tuple[str, str, str]]:
+    """(path, digest, kind) of what package `name` leaves in $out: the wheel's files, its console
+    scripts and the byte code the install hook compiles, less what its fix-up removes (compiled
+    before the fix-up's postInstall runs, so a removed .py keeps its .pyc unless that is removed
+    too) and site-packages/tests (pythonRemoveTestsDirHook)."""
+    removed = [p.removeprefix(OUT) for p in package_effects(view, name).removed if p.startswith(OUT)]
+    out = []
+    for f in scan.files:
+        kind = "script" if f.member == wheelfiles.SCRIPT_MEMBER else "file"
+        out.append((f.path, f.digest, kind))
+        out += [(pyc, f"bytecode={name}", "bytecode") for pyc in wheelfiles.bytecode(f)]
+    return [(path, digest, kind) for path, digest, kind in out
+            if not any(fnmatch.fnmatch(path, pattern) for pattern in removed)
+            and not path.startswith(wheelfiles.SITE + "/tests/")]
+
+
+def check_collisions(env: str, names: list[str], scans, view, lock_files) -> tuple[dict[str, int], list[str]]:
+    """No two packages of `env` may leave one path with different content (python.buildEnv stops
+    on it). Returns the number of paths checked per kind (file, script, bytecode) and the problems."""
     owners: dict[str, tuple[str, str]] = {}
+    kinds: dict[str, str] = {}
     problems = []
     for name in sorted(names):
-        removed = [p.removeprefix(OUT) for p in package_effects(view, name).removed if p.startswith(OUT)]
-        for f in scans[name].files:
-            if any(fnmatch.fnmatch(f.path, pattern) for pattern in removed):
-                continue
-            if f.path.startswith(wheelfiles.SITE + "/tests/"):
-                continue  # pythonRemoveTestsDirHook deletes site-packages/tests
-            if f.path in owners and owners[f.path][1] != f.digest:
-                other = owners[f.path][0]
-                problems.append(f"{env}: {f.path} is installed by both {lock_files[other]} and "
-                                f"{lock_files[name]} with different content: python.buildEnv will "
-                                f"stop on the collision; fix: a fix-up that removes it from one of "
-                                f"them (overlays/fixups/flashinfer-python.nix does this)")
-            owners.setdefault(f.path, (name, f.digest))
-    return len(owners), problems
+        for path, digest, kind in installed_files(name, scans[name], view):
+            if path in owners and owners[path][1] != digest:
+                other = owners[path][0]
+                what = COLLIDING.get(kind if kind != "file" else kinds[path], COLLIDING["file"])
+                problems.append(f"{env}: {path} is installed by both {lock_files[other]} and "
+                                f"{lock_files[name]} with different content ({what}): python.buildEnv "
+                                f"will stop on the collision; fix: a fix-up that removes it from one "
+                                f"of them (and, for a .py, its __pycache__/*.pyc; "
+                                f"overlays/fixups/flashinfer-python.nix does this)")
+            owners.setdefault(path, (name, digest))
+            kinds.setdefault(path, kind)
+    counts = {k: sum(1 for v in kinds.values() if v == k) for k in ("file", "script", "bytecode")}
+    return counts, problems
 
 
 def audit_system(lock, system, repo, lock_path, fixups, cache, source, urls, only, quiet):
@@ -261,15 +288,32 @@ def audit_system(lock, system, repo, lock_path, fixups, cache, source, urls, onl
     if not only:
         files = {n: every[n].file for n in names}
         for env, members in (("dflash-env", view["stack"]), ("the dev shell", view["devStack"])):
-            count, problems = check_collisions(env, members, scans, view, files)
-            report.installed_paths = max(report.installed_paths, count)
+            counts, problems = check_collisions(env, members, scans, view, files)
+            report.installed_paths = max(report.installed_paths, counts["file"])
+            report.scripts = max(report.scripts, counts["script"])
+            report.bytecode_files = max(report.bytecode_files, counts["bytecode"])
             report.problems += [f"{system} {p}" for p in problems]
     report.packages = len(checked)
     return report, stats
 
 
+def check_inputs(args) -> None:
+    """What audit reads besides the lock, before anything is evaluated or fetched."""
+    repo = Path(args.repo)
+    if not os.path.isfile(repo / "nix" / "audit.nix"):
+        raise DflashError(f"{repo} is not the flake's checkout", f"{repo / 'nix' / 'audit.nix'} is missing "
+                          "(the audit evaluates it and overlays/)",
+                          "run `dflashctl audit` in the repository root, or pass --repo DIR", INPUT)
+    for flag, value in (("--fixups", args.fixups), ("--wheels", args.wheels)):
+        if value is not None and not os.path.isdir(value):
+            raise DflashError(f"{flag} {value!r} is not a directory", "", f"pass {flag} an existing directory",
+                              INPUT)
+    output.check_dir(Path(args.cache) if args.cache else default_cache(), "--cache")
+
+
 def run(args) -> int:
     start = time.monotonic()
+    check_inputs(args)
     lock = lockfile.load(args.lock)
     repo = Path(args.repo)
     systems = args.system or sorted(lock.systems)
@@ -290,22 +334,25 @@ def run(args) -> int:
         if not args.quiet and not args.json:
             print(f"{system}: {report.packages} wheels, {report.elf_files} ELF files resolved, "
                   f"{report.replacements} fix-up replacements found, "
-                  f"{report.installed_paths} installed paths without a collision"
+                  f"{report.installed_paths} installed paths, {report.scripts} entry-point scripts and "
+                  f"{report.bytecode_files} byte-code files without a collision"
                   + (f"; {len(report.problems)} problem(s)" if report.problems else ""),
                   file=sys.stderr)
     wall = time.monotonic() - start
     problems = [p for r in reports for p in r.problems]
-    if args.json:
-        print(json.dumps({"ok": not problems, "wall_s": round(wall, 1), **totals,
-                          "systems": {r.system: {"packages": r.packages, "elf_files": r.elf_files,
-                                                 "replacements": r.replacements,
-                                                 "installed_paths": r.installed_paths,
-                                                 "problems": r.problems} for r in reports}},
-                         indent=2))
+    result = {"ok": not problems, "wall_s": round(wall, 1), **totals,
+              "systems": {r.system: {"packages": r.packages, "elf_files": r.elf_files,
+                                     "replacements": r.replacements, "installed_paths": r.installed_paths,
+                                     "scripts": r.scripts, "bytecode_files": r.bytecode_files,
+                                     "problems": r.problems} for r in reports}}
     if problems:
-        raise DflashError(f"the Nix build of {args.lock} would fail ({len(problems)} problem(s))",
-                          "".join(f"\n  - {p}" for p in problems),
-                          "fix each as it says, then run `dflashctl audit` again", FAILED)
+        e = DflashError(f"the Nix build of {args.lock} would fail ({len(problems)} problem(s))",
+                        "".join(f"\n  - {p}" for p in problems),
+                        "fix each as it says, then run `dflashctl audit` again", FAILED)
+        e.result = result
+        raise e
+    if args.json:
+        output.print_json(result)
     if not args.json:
         print(f"audit passed for {', '.join(systems)} in {wall:.1f} s "
               f"({totals['downloaded_bytes'] / 2**30:.2f} GiB downloaded, {totals['reused']} wheels reused)")
@@ -314,8 +361,7 @@ def run(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("audit", help="predict autoPatchelf, fix-ups and collisions from the "
-                              "locked wheels", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              "locked wheels", **cli_help.texts("audit", __doc__, full=True))
     p.add_argument("--lock", type=Path, default=lockfile.DEFAULT_LOCK, help="default: %(default)s")
     p.add_argument("--spec", type=Path, default=lockfile.DEFAULT_SPEC, help="default: %(default)s")
     p.add_argument("--repo", type=Path, default=Path("."),

@@ -7,11 +7,13 @@
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-from dflashctl.errors import FAILED, DflashError
+from dflashctl import cli_help, inputs, output
+from dflashctl.errors import FAILED, INPUT, DflashError
 from dflashctl.lock import contract, licenses, lockdiff, lockfile, resolver
 from dflashctl.lock import spec as specmod
 from dflashctl.lock.closure import closure
@@ -98,7 +100,10 @@ def summary(lock: Lock) -> dict:
 def _cmd_diff(args) -> int:
     old, new = lockfile.load(args.diff[0]), lockfile.load(args.diff[1])
     changes = lockdiff.diff(old, new)
-    print(json.dumps(lockdiff.as_json(changes), indent=2) if args.json else lockdiff.table(changes))
+    if args.json:
+        output.print_json(lockdiff.as_json(changes))
+    else:
+        print(lockdiff.table(changes))
     return 0
 
 
@@ -108,10 +113,10 @@ def _cmd_check(args, spec: specmod.Spec) -> int:
     fresh = resolve(spec, args.quiet, known_licenses(args.lock))
     changes = lockdiff.diff(committed, fresh)
     hand_formatted = not changes and committed_text != fresh.dumps()
-    if args.json:
-        print(json.dumps({"up_to_date": not changes and not hand_formatted,
-                          "changes": lockdiff.as_json(changes)}, indent=2))
-    elif changes:
+    result = {"up_to_date": not changes and not hand_formatted, "changes": lockdiff.as_json(changes)}
+    if args.json and result["up_to_date"]:
+        output.print_json(result)
+    elif changes and not args.json:
         print(lockdiff.table(changes))
     if not changes and not hand_formatted:
         if not args.json:
@@ -120,54 +125,62 @@ def _cmd_check(args, spec: specmod.Spec) -> int:
     tampered = [c for c in changes if c.kind == "re-hashed"]
     if tampered:
         names = ", ".join(f"{c.package} ({c.system})" for c in tampered)
-        raise DflashError(f"{args.lock} was tampered with",
+        raise _with(result, f"{args.lock} was tampered with",
                           f"the sha256 or size of the same wheel file differs from the index for "
                           f"{names}; the index never changes a published file, so the lock was edited",
                           "restore the lock from git or regenerate it with `dflashctl lock`", FAILED)
     if hand_formatted:
-        raise DflashError(f"{args.lock} is not in canonical form",
+        raise _with(result, f"{args.lock} is not in canonical form",
                           "its content matches a fresh resolution but its text differs (edited by hand?)",
                           "run `dflashctl lock` and commit the result", FAILED)
     why = (f"{len(changes)} difference(s) from a fresh resolution of {args.spec} (table above)"
            + ("; stack.toml changed since the lock was written"
               if committed.spec_sha256 != spec.sha256 else ""))
-    raise DflashError(f"{args.lock} is stale", why,
-                      "run `dflashctl lock` and commit nix/stack.toml and the lock together", FAILED)
+    raise _with(result, f"{args.lock} is stale", why,
+                "run `dflashctl lock` and commit nix/stack.toml and the lock together", FAILED)
+
+
+def _with(result: dict, *args) -> DflashError:
+    """A failure whose --json object carries the comparison (output.error_object)."""
+    e = DflashError(*args)
+    e.result = result
+    return e
 
 
 def _read(path: Path) -> str:
-    try:
-        return Path(path).read_text()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise DflashError(f"no lock at {path}", "the file does not exist",
-                          "run `dflashctl lock` first, or pass --lock PATH") from None
+                          "run `dflashctl lock` first, or pass --lock PATH", INPUT)
+    return inputs.read_text(path, "lock", "regenerate it with `dflashctl lock`", INPUT, lockfile.MAX_LOCK)
 
 
 def _json(text: str, path) -> dict:
     try:
         return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DflashError(f"{path} is not valid JSON", str(e),
-                          "regenerate it with `dflashctl lock`", FAILED) from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise DflashError(f"{path} is not valid JSON", str(e) or "nested too deeply",
+                          "regenerate it with `dflashctl lock`", INPUT) from None
 
 
 def run(args) -> int:
     if args.diff:
         return _cmd_diff(args)
+    if not args.check:
+        output.check(args.lock, "--lock")  # before the resolution: it is where the lock goes
     spec = specmod.load(args.spec)
     if args.check:
         return _cmd_check(args, spec)
     start = time.monotonic()
     lock = resolve(spec, args.quiet, known_licenses(args.lock))
     text = lock.dumps()
-    old = Path(args.lock).read_text() if Path(args.lock).exists() else None
+    old = _read(args.lock) if Path(args.lock).exists() else None
     if text != old:
-        lockfile.write_atomic(args.lock, text)
+        lockfile.write_atomic(args.lock, text, "--lock")
     wall = time.monotonic() - start
     info = summary(lock)
     if args.json:
-        print(json.dumps({"lock": str(args.lock), "changed": text != old, "wall_s": round(wall, 2),
-                          "systems": info}, indent=2))
+        output.print_json({"lock": str(args.lock), "changed": text != old, "wall_s": round(wall, 2),
+                           "systems": info})
     else:
         for system, s in info.items():
             print(f"{system}: {s['packages']} packages + {s['dev_packages']} for the dev shell, "
@@ -183,7 +196,7 @@ def run(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("lock", help="resolve nix/stack.toml into nix/python-lock.json",
-                              description=__doc__, formatter_class=_RawHelp)
+                              **cli_help.texts("lock", __doc__, full=True))
     p.add_argument("--spec", type=Path, default=lockfile.DEFAULT_SPEC, help="default: %(default)s")
     p.add_argument("--lock", type=Path, default=lockfile.DEFAULT_LOCK, help="default: %(default)s")
     mode = p.add_mutually_exclusive_group()
@@ -195,10 +208,3 @@ def register(subparsers) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
-
-def _raw_help():
-    import argparse
-    return argparse.RawDescriptionHelpFormatter
-
-
-_RawHelp = _raw_help()

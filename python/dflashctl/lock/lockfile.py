@@ -33,11 +33,11 @@ No URLs: Nix derives the download from the file name (fetchPypi), pip finds file
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflashctl.errors import DflashError
+from dflashctl import inputs, output
+from dflashctl.errors import INPUT, DflashError
 
 LOCK_VERSION = 1
 DEFAULT_LOCK = Path("nix/python-lock.json")
@@ -78,9 +78,23 @@ class Lock:
             raise DflashError(
                 f"the lock has no entry for system {system!r}",
                 f"it covers {', '.join(sorted(self.systems)) or 'no system'}",
-                "add the system to `systems` in nix/stack.toml and run `dflashctl lock`",
+                "add the system to `systems` in nix/stack.toml and run `dflashctl lock`", INPUT,
             )
         return {n: w for n, w in self.systems[system].items() if dev or not w.dev}
+
+    def missing_dependencies(self, system: str) -> dict[str, list[str]]:
+        """Packages a locked one depends on (or a root) that the system's set lacks: name -> needed by.
+        A lock edited by hand can drop one; pip's --no-deps would then install the rest without it."""
+        pkgs = self.systems.get(system, {})
+        missing: dict[str, list[str]] = {}
+        for name, w in sorted(pkgs.items()):
+            for dep in w.dependencies:
+                if dep not in pkgs:
+                    missing.setdefault(dep, []).append(name)
+        for root in self.roots.get(system, []) + self.dev_roots.get(system, []):
+            if root not in pkgs:
+                missing.setdefault(root, []).append("the spec's requirements")
+        return missing
 
     def to_json(self) -> dict:
         return {
@@ -120,7 +134,7 @@ def parse(data: dict, origin: str = "lock") -> Lock:
 
     def bad(why: str) -> DflashError:
         return DflashError(f"{origin} is not a valid dflashctl lock", why,
-                           "regenerate it with `dflashctl lock`")
+                           "regenerate it with `dflashctl lock`", INPUT)
 
     if not isinstance(data, dict) or data.get("version") != LOCK_VERSION:
         raise bad(f"expected an object with \"version\": {LOCK_VERSION}")
@@ -141,34 +155,23 @@ def parse(data: dict, origin: str = "lock") -> Lock:
             dev_roots[system] = list(body.get("dev_roots", []))
         return Lock(data["spec_sha256"], data["python"], data["exclude_newer"],
                     list(data["requirements"]), systems, roots, dev_roots)
-    except (KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise bad(f"missing or mistyped field {e}") from None
 
 
 def load(path: Path | str = DEFAULT_LOCK) -> Lock:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise DflashError(f"no lock at {path}", "the file does not exist",
-                          "run `dflashctl lock` in the repository root, or pass --lock PATH") from None
-    except json.JSONDecodeError as e:
-        raise DflashError(f"{path} is not valid JSON", str(e), "regenerate it with `dflashctl lock`") from None
+                          "run `dflashctl lock` in the repository root, or pass --lock PATH", INPUT)
+    data = inputs.read_json(path, "lock", "regenerate it with `dflashctl lock`, or pass --lock PATH", INPUT,
+                            MAX_LOCK)
     return parse(data, str(path))
 
 
-def write_atomic(path: Path | str, text: str) -> None:
-    """Write via a temp file in the same directory and rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+MAX_LOCK = 64 << 20  # the real lock is ~140 KiB
+
+
+def write_atomic(path: Path | str, text: str, flag: str) -> None:
+    """Whole or not at all (output.write: a temp file in the same directory, renamed)."""
+    output.write(path, text, flag)

@@ -1,6 +1,7 @@
 """`nix/stack.toml`: the human-edited pins that `dflashctl lock` turns into the lock."""
 
 import hashlib
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -9,7 +10,8 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from dflashctl.errors import DflashError
+from dflashctl import inputs
+from dflashctl.errors import INPUT, DflashError
 from dflashctl.lock.lockfile import canonical_name
 from dflashctl.systems import SYSTEMS
 
@@ -47,7 +49,7 @@ class Spec:
 
 def _bad(path, why: str) -> DflashError:
     return DflashError(f"{path} is not a valid stack spec", why,
-                       "fix the file (its comments describe each key) and run `dflashctl lock` again")
+                       "fix the file (its comments describe each key) and run `dflashctl lock` again", INPUT)
 
 
 def parse(data: bytes, path="stack.toml") -> Spec:
@@ -116,9 +118,9 @@ def parse(data: bytes, path="stack.toml") -> Spec:
 
 def load(path: Path | str) -> Spec:
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise DflashError(f"no stack spec at {path}", "the file does not exist",
-                          "run in the repository root, or pass --spec PATH") from None
-    return parse(data, path)
+                          "run in the repository root (the checkout holding nix/stack.toml; an installed "
+                          "dflashctl carries the lock, not the spec), or pass --spec PATH", INPUT)
+    return parse(inputs.read_bytes(path, "stack spec", "pass --spec the repository's nix/stack.toml", INPUT,
+                                   1 << 20), path)

@@ -11,6 +11,8 @@ from pathlib import Path
 from dflashctl.lock import elf
 
 SITE = "lib/python3.12/site-packages"
+CACHE_TAG = "cpython-312"  # sys.implementation.cache_tag of the stack's Python
+SCRIPT_MEMBER = "(entry_points.txt)"  # the member of a console script `installer` writes
 SCAN_VERSION = 1
 
 
@@ -40,6 +42,27 @@ def install_path(member: str, site: str = SITE) -> str:
         return {"purelib": f"{site}/{inner}", "platlib": f"{site}/{inner}", "scripts": f"bin/{inner}",
                 "headers": f"include/python3.12/{dist}/{inner}", "data": inner}.get(scheme, f"{site}/{member}")
     return f"{site}/{member}"
+
+
+def _compiled_by_installer(member: str) -> bool:
+    """Whether `installer` byte-compiles this member: a .py of the purelib or platlib scheme (the
+    wheel's root is one of the two), never scripts, headers or data."""
+    top, _, rest = member.partition("/")
+    if top.endswith(".data") and rest:
+        return rest.partition("/")[0] in ("purelib", "platlib") and member.endswith(".py")
+    return member.endswith(".py")
+
+
+def bytecode(f: Installed) -> list[str]:
+    """The byte-code files the install hook writes for installed file `f` (PEP 3147 paths), none for
+    anything but a .py of site-packages. pypaInstallHook runs `python -m installer`, which compiles
+    at optimization levels 0 and 1 and names the source by its path under the package's own $out:
+    the same .py in two packages gives two different .pyc files at one path."""
+    if f.member == SCRIPT_MEMBER or not _compiled_by_installer(f.member):
+        return []
+    folder, _, name = f.path.rpartition("/")
+    stem = name.removesuffix(".py")
+    return [f"{folder}/__pycache__/{stem}.{CACHE_TAG}{level}.pyc" for level in ("", ".opt-1")]
 
 
 def _record(z: zipfile.ZipFile) -> dict[str, str]:
@@ -86,7 +109,8 @@ def scan(wheel: Path) -> Scan:
                 except elf.NotElf:
                     continue
         for script in _console_scripts(z):
-            files.append(Installed(script, "(entry_points.txt)", f"script={wheel.name}"))
+            # Each wheel's script is its own: wrapPythonPrograms writes the package's store path in.
+            files.append(Installed(script, SCRIPT_MEMBER, f"script={wheel.name}"))
     return Scan(files, elves)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflashctl import inputs
 from dflashctl.errors import CONFIG, DflashError
 from dflashctl.host import hub_cache
 from dflashctl.service import unit_text
@@ -388,43 +389,56 @@ def _cut(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
-def _no_duplicates(pairs: list) -> dict:
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"the key {_brief(key)} appears twice in one object")
-        seen[key] = value
-    return seen
-
-
 def read_json(path: Path | str) -> Any:
     """The settings file's JSON; every way it can be unreadable is one CONFIG error."""
-    path = Path(path)
-    fix = "write the settings as UTF-8 JSON (the module or `dflashctl unit` writes a valid file)"
-    try:
-        with path.open("rb") as f:
-            data = f.read(MAX_FILE + 1)
-    except OSError as e:
-        raise DflashError(f"cannot read {path}", e.strerror or str(e),
-                          "pass the settings file the module or `dflashctl unit` wrote", CONFIG)
-    if len(data) > MAX_FILE:
-        raise DflashError(f"{path} is too large for a settings file", f"over {MAX_FILE} bytes", fix, CONFIG)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DflashError(f"{path} is not UTF-8 text", f"byte {e.start}: {e.reason}", fix, CONFIG) from None
-    try:
-        return json.loads(text, object_pairs_hook=_no_duplicates)
-    except json.JSONDecodeError as e:
-        raise DflashError(f"{path} is not valid JSON", f"line {e.lineno} column {e.colno}: {e.msg}",
-                          "fix the JSON syntax", CONFIG) from None
-    except RecursionError:
-        raise DflashError(f"{path} is not valid settings", "its JSON is nested too deeply", fix, CONFIG) from None
-    except ValueError as e:  # from _no_duplicates
-        raise DflashError(f"{path} is ambiguous", str(e),
-                          "keep one of the two (JSON readers disagree on which one wins)", CONFIG) from None
+    return inputs.read_json(path, "settings file", "pass the settings file the module or `dflashctl unit` "
+                            "wrote (UTF-8 JSON)", CONFIG, MAX_FILE)
 
 
-def load(path: Path | str) -> InstanceConfig:
-    """The single instance in `path` (what the module writes for `dflashctl serve --config`)."""
-    return from_dict(read_json(path), origin=str(path))
+def _instances(data: Any, origin: str) -> dict | None:
+    """A file's {"instances": {...}} (what `validate` and `models` read too), or None for one instance."""
+    if not (isinstance(data, dict) and "instances" in data):
+        return None
+    if set(data) != {"instances"} or not isinstance(data["instances"], dict) or not data["instances"]:
+        raise DflashError(f"{origin} is not a settings file", 'a file with "instances" must hold only '
+                          '{"instances": {"<name>": {...}, ...}}, with at least one instance',
+                          "write one instance's settings, or every instance under \"instances\"", CONFIG)
+    return data["instances"]
+
+
+def instance_of(data: Any, name: str | None, origin: str) -> tuple[str | None, Any]:
+    """(key, settings) of the one instance a file holds, or of the one `name` selects in a file of
+    several ({"instances": {...}}); key is None for a file of one instance."""
+    instances = _instances(data, origin)
+    if instances is None:
+        return None, data
+    names = ", ".join(sorted(map(str, instances)))
+    if name is None:
+        if len(instances) == 1:
+            return next(iter(instances.items()))
+        raise DflashError(f"{origin} holds {len(instances)} instances", names,
+                          "pass --name NAME to choose one", CONFIG)
+    if name not in instances:
+        raise DflashError(f"{origin} has no instance {name!r}", f"it holds {names}",
+                          "pass --name one of them", CONFIG)
+    return name, instances[name]
+
+
+def load(path: Path | str, name: str | None = None) -> InstanceConfig:
+    """The instance in `path` (what the module writes for `dflashctl serve --config`), or the one
+    `name` selects in a file of several."""
+    key, data = instance_of(read_json(path), name, str(path))
+    cfg = from_dict(data, name=key, origin=str(path))
+    if name is not None and cfg.name != name:
+        raise DflashError(f"{path} has no instance {name!r}", f"it holds instance {cfg.name!r}",
+                          f"pass --name {cfg.name}, or leave --name out", CONFIG)
+    return cfg
+
+
+def load_all(path: Path | str) -> list[InstanceConfig]:
+    """Every instance in `path`: one, or each of {"instances": {...}} (sorted by name)."""
+    data = read_json(path)
+    instances = _instances(data, str(path))
+    if instances is None:
+        return [from_dict(data, origin=str(path))]
+    return [from_dict(v, name=k, origin=str(path)) for k, v in sorted(instances.items())]

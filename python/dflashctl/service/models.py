@@ -8,16 +8,16 @@ hashed (sha256 for LFS files, the git blob id for the rest) and a manifest of th
 which preflight checks by size in milliseconds (host/hub_cache.py).
 """
 
-import dataclasses
 import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflashctl import cli_help, output
 from dflashctl.errors import CONFIG, FAILED, OK, DflashError
 from dflashctl.host import hub_cache
 from dflashctl.service import config, serve, sglang_args
@@ -39,14 +39,6 @@ def _hub():
                           "run dflashctl from the stack's environment (nix profile install "
                           ".#dflash-env, or the venv made from `dflashctl export`)", FAILED)
     return huggingface_hub
-
-
-def cache_env(cfg: config.InstanceConfig, cache_dir: str | None) -> dict[str, str]:
-    """The environment SGLang's hub client will see for this instance (HF_HOME)."""
-    env = {k: v for k, v in os.environ.items() if k in ("HOME", "XDG_CACHE_HOME", "HF_HOME")}
-    # The unit's CacheDirectory=%N is /var/cache/dflash-<name>; cacheDir replaces it.
-    home = cache_dir or cfg.cache_dir or f"/var/cache/dflash-{cfg.name}"
-    return sglang_args.build_env(dataclasses.replace(cfg, cache_dir=home), env)
 
 
 def file_digest(path: Path, algorithm: str, size: int) -> str:
@@ -94,8 +86,8 @@ def fetch_one(repo_id: str, revision: str | None, env: dict[str, str], token: st
     try:
         commit, files = listing(api, repo_id, revision, token)
     except Exception as e:  # the hub client's errors: HTTP, auth, not found, offline
-        raise DflashError(f"cannot list {repo_id}@{revision or 'main'} on the hub",
-                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+        raise DflashError(f"cannot list {repo_id}@{revision or 'main'} on the hub", _first_line(e),
+                          unreachable_fix(endpoint) if unreachable(e) else
                           "check the repo id and revision; a gated model needs hfTokenFile "
                           "(or HF_TOKEN) with access granted on the hub", FAILED)
     total = sum(f.size for f in files)
@@ -118,9 +110,9 @@ def fetch_one(repo_id: str, revision: str | None, env: dict[str, str], token: st
                 path = Path(hub.hf_hub_download(repo_id, f.path, revision=commit, cache_dir=str(cache),
                                                 token=token, endpoint=endpoint))
             except Exception as e:
-                raise DflashError(f"cannot download {repo_id}/{f.path}",
-                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                                  "run the same command again: finished files are kept and a "
+                raise DflashError(f"cannot download {repo_id}/{f.path}", _first_line(e),
+                                  (unreachable_fix(endpoint) + "; then " if unreachable(e) else "")
+                                  + "run the same command again: finished files are kept and a "
                                   "partial one resumes", FAILED)
             fetched += f.size
         else:
@@ -138,29 +130,47 @@ def fetch_one(repo_id: str, revision: str | None, env: dict[str, str], token: st
     if revision and revision != commit:  # SGLang resolves the branch name offline through refs/
         ref = cache / hub_cache.repo_folder(repo_id) / "refs" / revision
         ref.parent.mkdir(parents=True, exist_ok=True)
-        ref.write_text(commit)
+        output.write(ref, commit, "the ref")
     manifest = hub_cache.manifest_path(home, repo_id, commit)
     manifest.parent.mkdir(parents=True, exist_ok=True)
     body = {"repo": repo_id, "revision": revision, "commit": commit,
             "files": [{"path": f.path, "size": f.size, "sha256": f.sha256, "blob_id": f.blob_id}
                       for f in files]}
-    with tempfile.NamedTemporaryFile("w", dir=manifest.parent, delete=False) as tmp:
-        json.dump(body, tmp, indent=1)
-    os.replace(tmp.name, manifest)
+    output.write(manifest, json.dumps(body, indent=1), "the manifest")
     return {"repo": repo_id, "revision": revision, "commit": commit, "files": len(files),
             "bytes": total, "downloaded_bytes": fetched, "cache": str(cache)}
 
 
+def _first_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def unreachable(e: BaseException) -> bool:
+    """The hub could not be reached at all (DNS, refused, timed out), whatever client raised it."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        names = {c.__name__ for c in type(e).__mro__}
+        if isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)) or names & {
+                "ConnectionError", "ConnectError", "ConnectTimeout", "Timeout", "TimeoutException",
+                "NameResolutionError", "OfflineModeIsEnabled"}:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def unreachable_fix(endpoint: str | None) -> str:
+    return (f"the hub{f' at {endpoint}' if endpoint else ''} cannot be reached from here: check the "
+            "network (DNS, a proxy in HTTPS_PROXY, HF_HUB_OFFLINE unset) or --endpoint / HF_ENDPOINT")
+
+
 def instances_of(path: str) -> list[config.InstanceConfig]:
-    data = config.read_json(path)
-    if isinstance(data, dict) and "instances" in data and isinstance(data["instances"], dict):
-        return [config.from_dict(v, name=k, origin=path) for k, v in sorted(data["instances"].items())]
-    return [config.from_dict(data, origin=path)]
+    return config.load_all(path)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("models", help="fetch each instance's models at their pinned revisions",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("models", __doc__))
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     f = sub.add_parser("fetch", help="download and verify into each instance's cache")
     f.add_argument("--config", required=True, metavar="FILE",
@@ -182,14 +192,14 @@ def register(subparsers) -> None:
 def status(args) -> int:
     rows = []
     for cfg in instances_of(args.config):
-        env = cache_env(cfg, args.cache_dir)
+        env = sglang_args.cache_env(cfg, args.cache_dir)
         for role, model, rev in (("model", cfg.model, cfg.model_revision),
                                  ("draftModel", cfg.draft_model, cfg.draft_model_revision)):
             if model is not None and not hub_cache.is_local(model):
                 rows.append({"instance": cfg.name, "role": role, "offline": cfg.offline,
                              **hub_cache.inspect(env, model, rev).to_json()})
     if args.json:
-        print(json.dumps({"models": rows}, indent=2))
+        output.print_json({"ok": all(r["complete"] for r in rows), "models": rows})
     for r in rows:
         state = "complete" if r["complete"] else "INCOMPLETE: " + ", ".join(r["missing"][:4])
         print(f"{r['instance']}: {r['role']} {r['repo_id']}@{r['revision'] or 'main'} -> "
@@ -200,8 +210,13 @@ def status(args) -> int:
 def run(args) -> int:
     say = (lambda s: print(s, file=sys.stderr, flush=True))
     results = []
-    for cfg in instances_of(args.config):
-        env = cache_env(cfg, args.cache_dir)
+    output.check_dir(args.cache_dir, "--cache-dir")
+    cfgs = instances_of(args.config)
+    for cfg in cfgs:  # every cache writable before the first download
+        output.check_dir(hub_cache.hf_home(sglang_args.cache_env(cfg, args.cache_dir)),
+                         "--cache-dir" if args.cache_dir else f"cacheDir of {cfg.name!r}")
+    for cfg in cfgs:
+        env = sglang_args.cache_env(cfg, args.cache_dir)
         token = serve.read_hf_token(cfg, dict(os.environ)) if cfg.hf_token_file else \
             os.environ.get("HF_TOKEN") or None
         for model, rev in ((cfg.model, cfg.model_revision), (cfg.draft_model, cfg.draft_model_revision)):
@@ -211,10 +226,10 @@ def run(args) -> int:
                 say(f"warning: {model} is fetched at {rev or 'main'}, which moves; pin a commit")
             results.append({"instance": cfg.name, **fetch_one(model, rev, env, token, args.endpoint, say)})
     if not results:
-        raise DflashError("nothing to fetch", "every model in the settings is a local directory", "",
-                          CONFIG)
+        raise DflashError("nothing to fetch", "every model in the settings is a local directory",
+                          "nothing is needed for local models; `models fetch` is for hub repo ids", CONFIG)
     if args.json:
-        print(json.dumps({"ok": True, "models": results}, indent=2))
+        output.print_json({"ok": True, "models": results})
     else:
         for r in results:
             say(f"{r['instance']}: {r['repo']} at {r['commit']} complete in {r['cache']} "

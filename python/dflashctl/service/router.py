@@ -13,8 +13,10 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from dflashctl import cli_help
 from dflashctl.errors import CONFIG, DflashError
 from dflashctl.service import config, unit_text
+from dflashctl.service.router_admin import RouterAdmin
 
 POLICIES = ("round_robin", "cache_aware", "power_of_two", "random")
 LOG_LEVELS = ("debug", "info", "warn", "error")
@@ -227,48 +229,21 @@ def read_keys(cfg: RouterConfig, env: dict[str, str]) -> tuple[str | None, str |
     return api, admin
 
 
-def _admin(cfg: RouterConfig, method: str, path: str, admin_key: str | None, body: dict | None = None):
-    import urllib.error
-    import urllib.request
-    req = urllib.request.Request(cfg.url + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {admin_key}"} if admin_key else {})})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        fix = ("set adminApiKeyFile (the unit hands it to `systemctl reload` too)" if e.code in (401, 403)
-               else "see `journalctl -u dflash-router`")
-        raise DflashError(f"the router's admin API refused {method} {path}", f"HTTP {e.code}", fix) from None
-    except OSError as e:
-        raise DflashError(f"cannot reach the router at {cfg.url}", str(getattr(e, "reason", e)),
-                          "start it first (`systemctl start dflash-router`)") from None
-
-
 def sync(cfg: RouterConfig, admin_key: str | None) -> tuple[list[str], list[str]]:
     """Make the running router's workers the settings' workers through its admin API, without a
-    restart (the unit's ExecReload): added ones are health-checked before they get requests, removed
-    ones finish what they hold. Returns (added, removed)."""
-    listed = _admin(cfg, "GET", "/workers", admin_key).get("workers", [])
-    running = {w["url"].rstrip("/"): w["id"] for w in listed}
-    added = [u for u in cfg.workers if u not in running]
-    removed = [u for u in running if u not in cfg.workers]
-    for url in added:
-        _admin(cfg, "POST", "/workers", admin_key, {"url": url})
-    for url in removed:
-        _admin(cfg, "DELETE", f"/workers/{running[url]}", admin_key)
-    return added, removed
+    restart (the unit's ExecReload). Returns (added, removed)."""
+    return RouterAdmin(cfg.url, admin_key).sync(list(cfg.workers))
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("router", help="run SGLang's router in front of this host's instances",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("router", __doc__))
     p.add_argument("--config", required=True, metavar="FILE", help="the router settings JSON")
     p.add_argument("--python", default=sys.executable, metavar="PATH",
                    help="the router environment's interpreter (nix/router-lock.json; default: this one)")
-    p.add_argument("--dry-run", action="store_true", help="print the router's argv (keys masked) and exit")
-    p.add_argument("--sync", action="store_true",
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the router's argv (keys masked) and exit")
+    mode.add_argument("--sync", action="store_true",
                    help="make the running router's workers the settings' ones, without a restart "
                         "(the unit's ExecReload: `systemctl reload dflash-router`)")
     p.set_defaults(func=run)

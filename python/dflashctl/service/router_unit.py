@@ -2,17 +2,21 @@
 
 The workers are the instances whose settings files are given (this host's enabled ones), plus any
 `remoteWorkers` of other hosts in `--settings`. The directives come from data/router-unit.json (the
-Nix twin, nix/lib/router-unit.nix, reads the same file). The unit is ordered after the instances'
-units with Wants= (never Requires=): the router stays up, and keeps serving, while some are down.
+Nix twin, nix/lib/router-unit.nix, reads the same file). The unit names no instance: each
+instance's unit (`dflashctl unit`) orders itself Before= this one, so the router starts after them
+and stops before them, depends on none (it keeps serving while some are down), and its text stays
+the same when instances come and go: re-run this for the new settings file, then `systemctl reload`.
 """
 
 import json
+import shlex
 import sys
-from pathlib import Path
 from urllib.parse import urlsplit
 
-from dflashctl.errors import CONFIG, OK, DflashError
-from dflashctl.service import config, router, unit, unit_text
+from dflashctl import cli_help, output
+from dflashctl.cli_help import positive_int
+from dflashctl.errors import CONFIG, OK, USAGE, DflashError
+from dflashctl.service import config, router, unit, unit_paths, unit_text
 from dflashctl.service.unit_text import router_unit_data
 
 UNIT_NAME = "dflash-router.service"
@@ -38,6 +42,13 @@ def settings_for(instances: list[config.InstanceConfig], given: dict) -> dict:
     if len(set(names)) != len(names):
         raise _refuse("two --instance files name the same instance", ", ".join(sorted(names)),
                       "give each instance once")
+    by_url: dict[str, str] = {}
+    for c in instances:
+        if c.base_url in by_url:
+            raise _refuse(f"instances {by_url[c.base_url]!r} and {c.name!r} both listen on {c.base_url}",
+                          "the router would send one worker's requests to the other",
+                          "give each instance its own port (`dflashctl validate` checks them together)")
+        by_url[c.base_url] = c.name
     keys = sorted({c.api_key_file for c in instances if c.api_key_file})
     if len(keys) > 1 or (keys and given.get("apiKeyFile") not in (None, keys[0])):
         raise _refuse("the instances' API keys differ from each other or from the router's",
@@ -68,19 +79,15 @@ def render(settings: dict, settings_path: str, dflashctl: str, python: str, syst
     data = router_unit_data()
     cfg = router.from_dict(settings)
     unit.check_exec_start({"--dflashctl": dflashctl, "--python": python}, "--settings-path", settings_path)
-    after = data["unit"]["After"] + list(cfg.instance_units)
-    unit_section = {**data["unit"], "After": after, "Wants": data["unit"]["Wants"] + list(cfg.instance_units)}
+    unit_section = dict(data["unit"])  # no instance: each orders itself Before= the router
     service = dict(data["service"])
     service["ExecStart"] = unit_text.command_line([dflashctl, "router", "--config", settings_path,
                                                    "--python", python])
     service["ExecReload"] = unit_text.command_line([dflashctl, "router", "--config", settings_path,
                                                     "--python", python, "--sync"])
     service["TimeoutStopSec"] = f"{cfg.drain_sec + data['stopMarginSec']}s"
-    credentials = [f"{data[key]}:{unit_text.specifiers(path)}" for key, path in
-                   (("apiKeyCredential", cfg.api_key_file), ("adminApiKeyCredential", cfg.admin_api_key_file))
-                   if path]
-    if credentials:
-        service["LoadCredential"] = credentials
+    service.update(unit.credentials(unit_text.unit_data(), [(data["apiKeyCredential"], cfg.api_key_file),
+                                                            (data["adminApiKeyCredential"], cfg.admin_api_key_file)]))
     if _loopback_only(cfg):
         service.update({k: v for k, v in data["ipAddress"].items() if not k.startswith("_")})
     head = ["# Rendered by `dflashctl router-unit` from dflashctl/service/data/router-unit.json.",
@@ -95,9 +102,10 @@ def render(settings: dict, settings_path: str, dflashctl: str, python: str, syst
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("router-unit", help="render the router's unit and settings (hosts without NixOS)",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("router-unit", __doc__))
     p.add_argument("--instance", action="append", default=[], metavar="FILE",
-                   help="an instance's settings JSON (repeat for each instance behind the router)")
+                   help="an instance's settings JSON (repeat for each instance behind the router; a file "
+                        'of {"instances": {...}} gives each of them)')
     p.add_argument("--settings", metavar="FILE",
                    help="router settings JSON to start from (port, keys, policy, remoteWorkers, ...)")
     p.add_argument("--dflashctl", default=None, metavar="PATH",
@@ -106,38 +114,47 @@ def register(subparsers) -> None:
                    help="the router environment's interpreter (sglang-router 0.3.2, nix/router-lock.json)")
     p.add_argument("--settings-path", metavar="PATH",
                    help=f"where the router settings will live (default: {router_unit_data()['settingsPath']})")
-    p.add_argument("--systemd", type=int, metavar="VERSION", help="target systemd version (default: this host's)")
+    p.add_argument("--systemd", type=positive_int, metavar="VERSION",
+                   help="target systemd version (default: this host's)")
     p.add_argument("--output", "-o", metavar="PATH", help="write the unit here instead of stdout")
     p.add_argument("--settings-output", metavar="PATH", help="write the router settings here")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    # Every check before anything is written: both outputs, then the settings, then the paths.
+    out = output.check(args.output, "--output")
+    settings_out = output.check(args.settings_output, "--settings-output")
+    if out is not None and settings_out is not None and out.absolute() == settings_out.absolute():
+        raise DflashError("--output and --settings-output name the same file", str(out),
+                          "give the unit and the router settings a file each", USAGE)
     if not args.instance:
         raise _refuse("no instance given", "the router needs at least one worker",
                       "pass --instance /etc/dflash/<name>.json for each instance of this host")
-    instances = [config.load(f) for f in args.instance]
+    instances = [c for f in args.instance for c in config.load_all(f)]
     given = config.read_json(args.settings) if args.settings else {}
     if not isinstance(given, dict):
         raise _refuse(f"{args.settings} is not a JSON object", "router settings are an object",
                       "write e.g. {\"port\": 30080}")
     settings = settings_for(instances, given)
     settings_path = args.settings_path or router_unit_data()["settingsPath"]
-    dflashctl = args.dflashctl or unit._default_dflashctl()
-    text = render(settings, settings_path, dflashctl, args.python, args.systemd)
+    dflashctl, python = unit.host_paths(args.dflashctl, args.python)
+    text = render(settings, settings_path, dflashctl, python, args.systemd)
     body = json.dumps(settings, indent=2) + "\n"
-    if args.settings_output:
-        Path(args.settings_output).write_text(body)
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
     cfg = router.from_dict(settings)
+    for w in unit_paths.missing_credentials({"apiKeyFile": cfg.api_key_file,
+                                             "adminApiKeyFile": cfg.admin_api_key_file}):
+        print(f"dflashctl router-unit: warning: {w}", file=sys.stderr)
+    output.write_all([(p, t, flag) for p, t, flag in ((settings_out, body, "--settings-output"),
+                                                      (out, text, "--output")) if p is not None])
+    if out is None:
+        output.emit(text)
+    q = shlex.quote
     print("\nInstall on the host (as root):\n"
-          + (f"  install -D -m 0644 {args.settings_output} {settings_path}\n" if args.settings_output else
-             f"  install -D -m 0644 /dev/stdin {settings_path} <<'JSON'\n{body}JSON\n")
-          + f"  install -m 0644 {args.output or UNIT_NAME} /etc/systemd/system/{UNIT_NAME}\n"
+          + (f"  install -D -m 0644 {q(str(settings_out))} {q(settings_path)}\n" if settings_out else
+             f"  install -D -m 0644 /dev/stdin {q(settings_path)} <<'JSON'\n{body}JSON\n")
+          + f"  install -m 0644 {q(str(out) if out else UNIT_NAME)} {q('/etc/systemd/system/' + UNIT_NAME)}\n"
           f"  systemctl daemon-reload && systemctl enable --now {UNIT_NAME}\n"
-          f"  curl -s {cfg.url}/workers   # each instance, is_healthy once it answers /health",
+          f"  curl -s {q(cfg.url + '/workers')}   # each instance, is_healthy once it answers /health",
           file=sys.stderr)
     return OK

@@ -1,10 +1,10 @@
 """`dflashctl serve --config FILE`: run one SGLang instance under systemd, ready only when it decodes.
 
-Order: settings (exit CONFIG) -> preflight probes in child processes, before any weights load (every
-failure listed with its fix; exit with the first one's code) -> SGLang in its own process group ->
-/health_generate answers -> READY=1; a start that stops making progress (no log output, no GPU
-memory change for stallTimeoutSec) is stopped and reported (exit SERVER_STALLED). A child that
-dies, before or after ready, is reported at once with the tail of its log.
+Order: settings (exit CONFIG) -> preflight probes in child processes and the model pair's files,
+before any weights load (every failure listed with its fix; exit with the first one's code) -> SGLang
+in its own process group -> /health_generate answers -> READY=1; a start that stops making progress
+(no log output, no GPU memory change for stallTimeoutSec) is stopped and reported (exit
+SERVER_STALLED). A child that dies, before or after ready, is reported at once with its log's tail.
 SIGTERM/SIGINT go to the whole process group; STOPPING=1 tells systemd we are on our way out.
 """
 
@@ -17,11 +17,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dflashctl import cli_help, inputs, output
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
                               SERVER_DIED_AFTER_READY, DflashError)
 from dflashctl.host import cuda_home, driver, gpus, hub_cache, kernels
 from dflashctl.lock import locate
-from dflashctl.service import config, gpu_claim, sdnotify, sglang_args
+from dflashctl.service import config, gpu_claim, model_check, sdnotify, sglang_args, unit_text
 from dflashctl.service.server import Server, _describe, _indent
 from dflashctl.service.stall import GpuMemory
 from dflashctl.service.validate import warnings_for
@@ -49,16 +50,27 @@ def say(text: str) -> None:
 def read_credential(name: str, fallback: str, label: str, option: str, env: dict[str, str]) -> str:
     """A secret from systemd's credentials directory, or from its file when run by hand."""
     cred_dir = env.get("CREDENTIALS_DIRECTORY")
-    path = Path(cred_dir, name) if cred_dir and Path(cred_dir, name).exists() else Path(fallback)
+    from_systemd = bool(cred_dir) and Path(cred_dir, name).exists()
+    path = Path(cred_dir, name) if from_systemd else Path(fallback)
     try:
-        secret = path.read_text().strip()
-    except OSError as e:
-        raise DflashError(f"cannot read {label} {path}", e.strerror or str(e),
-                          f"create {option} (readable by root; systemd hands it to the service)", CONFIG)
+        secret = inputs.read_text(path, "secret file", f"create {option} {fallback} (readable by root; "
+                                  "systemd hands it to the service)", CONFIG, SECRET_LIMIT).strip()
+    except DflashError as e:
+        raise DflashError(e.what.replace("cannot read ", f"cannot read {label} ", 1), e.why, e.fix, CONFIG) from None
+    if from_systemd and secret == unit_text.unit_data()["credentialFallback"]:
+        # The unit's SetCredential= fallback: systemd could not read the file (unit.credentials).
+        raise DflashError(f"systemd could not read {option} {fallback} for {label}",
+                          "it is missing, or unreadable by root, on this host (LoadCredential= fell back "
+                          "to the unit's SetCredential=)",
+                          f"create {fallback} (one line, the secret; owned by root, mode 0600), then "
+                          "`systemctl restart` the unit", CONFIG)
     if not secret or any(c.isspace() for c in secret):
         raise DflashError(f"{label} in {path} is empty or contains whitespace", "",
                           "write the secret as one line of printable characters", CONFIG)
     return secret
+
+
+SECRET_LIMIT = 64 << 10  # an API key or a hub token is a line
 
 
 def read_api_key(cfg: config.InstanceConfig, env: dict[str, str]) -> str | None:
@@ -109,18 +121,30 @@ def lock_path() -> Path | None:
     return locate.find().path
 
 
-# Each step: (settings, python, child env) -> list of probes.Check. Every step runs, whatever the
-# others found, so one start names every problem; the first failure's code is the exit status.
-PREFLIGHT_STEPS = [probe_checks,
-                   lambda cfg, python, env: [gpu_claim.preflight_check(cfg, python, env)]]  # last: busy GPUs may free up
+def model_checks(cfg: config.InstanceConfig, python: str, child_env: dict[str, str],
+                 config_path: str) -> list:
+    """The target and its drafter, read where SGLang will load them (service/model_check.py), and
+    their weights against the GPUs' memory."""
+    found = model_check.check(cfg, child_env, config_path)
+    return found.checks + model_check.memory_checks(cfg, found.weight_bytes, python, child_env)
+
+
+# Each step: (settings, python, child env, settings file) -> list of probes.Check. Every step runs,
+# whatever the others found, so one start names every problem; the first failure's code is the exit
+# status.
+PREFLIGHT_STEPS = [lambda cfg, python, env, path: probe_checks(cfg, python, env),
+                   model_checks,
+                   lambda cfg, python, env, path: [gpu_claim.preflight_check(cfg, python, env)]]  # last: busy GPUs may free up
 STATUS_LIMIT = 3500  # the list of failures in STATUS=; sdnotify keeps it under systemd's datagram size
 
 
-def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]) -> None:
+def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str],
+              config_path: str = "<the settings file>") -> None:
     for w in jit_toolchain_warnings(child_env):
         say(f"preflight warning: {w}")
-    say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver, GPU memory")
-    checks = [c for step in PREFLIGHT_STEPS for c in step(cfg, python, child_env)]
+    say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver, "
+        "the model pair, GPU memory")
+    checks = [c for step in PREFLIGHT_STEPS for c in step(cfg, python, child_env, config_path)]
     for c in checks:
         if c.status == "warn":
             say(f"preflight warning: {c.name}: {c.summary}")
@@ -187,12 +211,14 @@ def default_log_path(cfg: config.InstanceConfig, env: dict[str, str]) -> Path:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="run one SGLang instance, ready only when it decodes",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("serve", __doc__))
     p.add_argument("--config", required=True, metavar="FILE", help="the instance's settings JSON")
+    p.add_argument("--name", help='the instance to run from a file of {"instances": {...}}')
     p.add_argument("--python", default=sys.executable, metavar="PATH",
                    help="interpreter with the stack (default: the one running dflashctl)")
     p.add_argument("--skip-preflight", action="store_true",
-                   help="start SGLang without the preflight probes (diagnosis only)")
+                   help="start SGLang without the preflight probes and the model-pair check "
+                        "(diagnosis only)")
     p.add_argument("--log-file", metavar="PATH",
                    help="SGLang's log (default: $LOGS_DIRECTORY or the temp dir); also echoed to stderr")
     p.add_argument("--launcher", metavar="CMD", default=os.environ.get(LAUNCHER_ENV),
@@ -228,7 +254,8 @@ def failure_status(e: DflashError) -> str:
 
 def _run(args) -> int:
     env = dict(os.environ)
-    cfg = config.load(args.config)
+    output.check(args.log_file, "--log-file")
+    cfg = config.load(args.config, args.name)
     for w in warnings_for(cfg):
         say(f"warning: {w}")
     if args.dry_run:
@@ -244,7 +271,7 @@ def _run(args) -> int:
         "driver: no NVIDIA driver libraries found by discovery; the loader's own search decides")
     check_models_cached(cfg, child_env, args.config)  # a file check: kept with --skip-preflight
     if not args.skip_preflight:
-        preflight(cfg, args.python, child_env)
+        preflight(cfg, args.python, child_env, args.config)
     server = Server(launch_argv(cfg, args.python, api_key, args.launcher),
                     child_env, Path(args.log_file or default_log_path(cfg, env)),
                     cfg.base_url, api_key, echo=sys.stderr)

@@ -5,6 +5,7 @@ Nothing else (not the NixOS module, not the unit renderer) knows SGLang's flag n
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -120,3 +121,12 @@ def build_env(cfg: InstanceConfig, base_env: dict[str, str] | None = None,
     if hf_token is not None:
         env["HF_TOKEN"] = hf_token
     return env
+
+
+def cache_env(cfg: InstanceConfig, cache_dir: str | None = None) -> dict[str, str]:
+    """The environment SGLang's hub client will see for this instance under its unit (HF_HOME), for
+    commands that run outside it (`models fetch`, `validate --models`)."""
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "XDG_CACHE_HOME", "HF_HOME")}
+    # The unit's CacheDirectory=%N is /var/cache/dflash-<name>; cacheDir replaces it.
+    home = cache_dir or cfg.cache_dir or f"/var/cache/dflash-{cfg.name}"
+    return build_env(dataclasses.replace(cfg, cache_dir=home), env)

@@ -114,14 +114,41 @@ def fill(template: str, **values: str) -> str:
 PLAIN_RELATIVE = re.compile(r"^[A-Za-z0-9_+@-][A-Za-z0-9._+@-]*(/[A-Za-z0-9_+@-][A-Za-z0-9._+@-]*)*$")
 
 
-def cache_dir_problem(path: str, rules: dict) -> str | None:
-    """Why `path` cannot be an instance's cacheDir whoever runs it, or None."""
+def hidden_map(hidden: dict | None = None) -> dict[str, str]:
+    """prefix -> the directive hiding it (service-unit.json's "hidden", without its comment)."""
+    hidden = unit_data()["hidden"] if hidden is None else hidden
+    return {k: v for k, v in hidden.items() if not k.startswith("_")}
+
+
+def _components_problem(path: str) -> str | None:
     if not path.startswith("/") or any(p in (".", "..") for p in path.split("/")) or "//" in path:
         return "must be an absolute path without '.', '..' or '//' components"
-    for prefix, directive in sorted(rules["hidden"].items()):
+    return None
+
+
+def _hidden_by(path: str, hidden: dict) -> str | None:
+    for prefix, directive in sorted(hidden_map(hidden).items()):
         if path == prefix or path.startswith(prefix + "/"):
-            return (f"{path} is hidden from the service by {directive}; use a directory under "
-                    "/var/cache (systemd creates and owns it), or one like /srv/hf with a static user")
+            return f"{path} is hidden from the service by {directive}"
+    return None
+
+
+def unit_path_problem(path: str, hidden: dict | None = None) -> str | None:
+    """Why a unit cannot use `path` (what it runs, its settings file, a model or driver directory),
+    or None: it must be absolute and outside what the unit's sandbox hides (the module's twin:
+    unitPathProblem in nix/lib/unit-text.nix)."""
+    return _components_problem(path) or _hidden_by(path, hidden)
+
+
+def cache_dir_problem(path: str, rules: dict, hidden: dict | None = None) -> str | None:
+    """Why `path` cannot be an instance's cacheDir whoever runs it, or None."""
+    bad = _components_problem(path)
+    if bad:
+        return bad
+    bad = _hidden_by(path, hidden)
+    if bad:
+        return (f"{bad}; use a directory under /var/cache (systemd creates and owns it), or one like "
+                "/srv/hf with a static user")
     for prefix, directive in sorted(rules["systemdOwned"].items()):
         if path.startswith(prefix):
             rel = path[len(prefix):].rstrip("/")

@@ -3,19 +3,22 @@
 FILE holds one instance's settings or {"instances": {"<name>": {...}, ...}} (what the NixOS module
 checks at build time, so `nixos-rebuild` fails before anything is deployed). Rules within one
 instance live in config.py; the rules across instances and against the installed SGLang live here.
+`--models` also reads each instance's target and drafter where SGLang will load them
+(service/model_check.py; the module passes it for models that are store paths).
 """
 
 import ipaddress
-import json
 import sys
 from itertools import combinations
 
+from dflashctl import cli_help, output
 from dflashctl.errors import CONFIG, OK, DflashError
 from dflashctl.host import hub_cache
-from dflashctl.service import config, sglang_features, unit_text
+from dflashctl.service import config, model_check, sglang_args, sglang_features, unit_text
 from dflashctl.service.config import InstanceConfig
 
 WILDCARD_HOSTS = tuple(unit_text.warning_texts()["wildcardHosts"])
+PACKAGE_PREFIX = "package: "  # errors about the package's SGLang, not the settings
 
 
 def warnings_for(cfg: InstanceConfig) -> list[str]:
@@ -104,7 +107,7 @@ def package_rules(cfgs: list[InstanceConfig], python: str) -> list[str]:
         return []
     found = sglang_features.probe(python)
     if not found.get("found"):
-        return [f"package: {python} has no sglang, but instances use speculative decoding"]
+        return [f"{PACKAGE_PREFIX}{python} has no sglang, but instances use speculative decoding"]
     have = set(found.get("choices") or ())
     if not have:
         return []  # the source changed shape; preflight checks the algorithm again at start
@@ -142,28 +145,68 @@ def check(data, python: str | None = None) -> tuple[list[str], list[str], list[I
     return errors, warnings, cfgs
 
 
+def model_rules(cfgs: list[InstanceConfig], settings_path: str) -> tuple[list, list[str]]:
+    """(failed checks, warnings) of each instance's models, read from the cache its unit will use."""
+    failed, warnings = [], []
+    for c in cfgs:
+        checks = model_check.check(c, sglang_args.cache_env(c), settings_path).checks
+        fails, warns = model_check.as_lines(checks)
+        failed += [(c.name, check, line) for check, line in
+                   zip([k for k in checks if k.status == "fail"], fails)]
+        warnings += [f"instance {c.name!r}: {w}" for w in warns]
+    return failed, warnings
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("validate", help="check instance settings against every rule",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("validate", __doc__))
     p.add_argument("file", help='one instance\'s JSON, or {"instances": {...}}')
     p.add_argument("--python", metavar="PATH",
                    help="the stack's interpreter: also check its SGLang offers each algorithm")
+    p.add_argument("--models", action="store_true",
+                   help="also check each model and drafter (config, tokenizer, weights) where SGLang "
+                        "will read them: a local directory or the instance's hub cache, never the hub")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
+
+
+def fix_for(errors: list[str]) -> str:
+    """The fix of a failed validation: the settings' problems, the package's, or both."""
+    package = [e for e in errors if e.startswith(PACKAGE_PREFIX) or "package's SGLang" in e]
+    fixes = []
+    if len(package) < len(errors):
+        fixes.append("correct the settings above (docs/service.md lists every option)")
+    if package:
+        fixes.append("pass --python the stack's interpreter, the one with SGLang (e.g. /opt/dflash/bin/python, "
+                     "or the Nix package's bin/python), or follow the hint above")
+    return "; ".join(fixes)
 
 
 def run(args) -> int:
     data = config.read_json(args.file)
     errors, warnings, cfgs = check(data, args.python)
-    if args.json:
-        print(json.dumps({"ok": not errors, "instances": [c.name for c in cfgs],
-                          "errors": errors, "warnings": warnings}, indent=2))
+    model_failures = []
+    if getattr(args, "models", False) and not errors:
+        model_failures, model_warnings = model_rules(cfgs, args.file)
+        errors += [f"instance {name!r}: {line}" for name, _, line in model_failures]
+        warnings += model_warnings
+    result = {"ok": not errors, "instances": [c.name for c in cfgs], "errors": errors, "warnings": warnings}
     for w in warnings:
         print(f"dflashctl validate: warning: {w}", file=sys.stderr)
+    if model_failures:  # the settings are valid (else the models were not read): only these
+        e = DflashError(f"{args.file}: the models do not fit",
+                        f"{len(errors)} problem(s), before any weights load\n  - " + "\n  - ".join(errors),
+                        "apply each fix above (docs/service.md, 'The model pair')",
+                        model_failures[0][1].exit_code)
+        e.result = result
+        raise e
     if errors:
-        raise DflashError(f"{args.file} is invalid",
-                          f"{len(errors)} problem(s)\n  - " + "\n  - ".join(errors),
-                          "correct the settings above (docs/service.md lists every option)", CONFIG)
-    if not args.json:
+        e = DflashError(f"{args.file} is invalid", f"{len(errors)} problem(s)\n  - " + "\n  - ".join(errors),
+                        fix_for(errors), CONFIG)
+        e.result = result  # --json: the error object carries the problems (output.error_object)
+        raise e
+    if args.json:
+        output.print_json(result)
+    else:
         print(f"{args.file}: {len(cfgs)} instance(s) valid: {', '.join(c.name for c in cfgs)}")
     return OK

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dflashctl.errors import SERVER_DIED_AFTER_READY, DflashError
 from dflashctl.host import cuda_home, driver, gpus, jit_caches, kernels
-from dflashctl.service import config, sglang_args
+from dflashctl.service import config, model_check, sglang_args
 from dflashctl.service.config import MAX_PORT
 from dflashctl.service.server import Server
 from dflashctl.smoke import synthetic
@@ -162,6 +162,27 @@ def instance_settings(a, spec: RunSpec, port: int, launch: str, fraction: float 
         if synthetic_pair and spec.dummy:
             d["draftLoadFormat"] = "dummy"
     return d
+
+
+def check_pairs(a, specs: list[RunSpec]) -> None:
+    """A real pair (--model with --draft-model) held to serve's model-pair rules before any server
+    starts; its warnings said, its failures raised (exit 79) with each fix."""
+    failed, seen = [], set()
+    for spec in specs:
+        if spec.synthetic or not spec.algorithm or (spec.algorithm, spec.target, spec.draft) in seen:
+            continue
+        seen.add((spec.algorithm, spec.target, spec.draft))
+        cfg = config.from_dict(instance_settings(a, spec, 30000, "sequential"), origin="smoke settings")
+        for c in model_check.check(cfg, sglang_args.build_env(cfg), "<smoke's settings>").checks:
+            if c.status == "warn":
+                say(f"warning: {spec.run}: {c.name}: {c.summary}; fix: {c.fix}")
+            elif c.status == "fail":
+                failed.append(c)
+    if failed:
+        listed = "".join(f"\n  - {c.name}: {c.summary}; fix: {c.fix}" for c in failed)
+        raise DflashError(f"the model pair does not fit ({len(failed)} problem(s)); no server was started",
+                          listed.lstrip("\n"), "apply each fix above (docs/service.md, 'The model pair')",
+                          failed[0].exit_code)
 
 
 def kv_tokens(a, spec: RunSpec) -> int | None:

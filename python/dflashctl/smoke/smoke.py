@@ -19,8 +19,10 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from dflashctl import __version__
+from dflashctl import __version__, cli_help, inputs, output
+from dflashctl.cli_help import positive_float
 from dflashctl.errors import (DRAFTS_REJECTED, FAILED, GRAMMAR_VIOLATION, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE,
                               DflashError)
 from dflashctl.host import hub_cache, kernels
@@ -28,9 +30,9 @@ from dflashctl.service import sglang_features
 from dflashctl.smoke import (acceptance, grammar, identity, jit_prewarm, loadgen, oracle, router_info, startup,
                              synthetic, tokenizer)
 from dflashctl.smoke.report import RunResult, summarise, table
-from dflashctl.smoke.servers import (SPECULATIVE, Fleet, RunSpec, driver_note, first_start_note, free_gpu_mib,
-                                     kv_tokens, memory_plan, say, server_demand_mib, smoke_gpu, start_server,
-                                     stop_all)
+from dflashctl.smoke.servers import (SPECULATIVE, Fleet, RunSpec, check_pairs, driver_note, first_start_note,
+                                     free_gpu_mib, kv_tokens, memory_plan, say, server_demand_mib, smoke_gpu,
+                                     start_server, stop_all)
 # /server_info fields kept in the result (the whole answer holds every server argument).
 SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculative_draft_model_path",
                     "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",
@@ -42,7 +44,7 @@ SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculati
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("smoke", help="prove that SGLang serves DFlash here, and how fast",
-                              description=__doc__.splitlines()[0])
+                              **cli_help.texts("smoke", __doc__))
     what = p.add_argument_group("what to test (default: a synthetic pair started here)")
     what.add_argument("--model", help="target model (repo id or directory); needs --draft-model")
     what.add_argument("--draft-model", help="DFlash drafter for --model, e.g. z-lab/Qwen3-8B-DFlash-b16")
@@ -83,7 +85,7 @@ def register(subparsers) -> None:
     load.add_argument("--max-new-tokens", type=int, default=256, help="tokens decoded per request (256)")
     load.add_argument("--input-len", type=int, default=32, help="token ids per synthetic prompt (32)")
     load.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts (0)")
-    load.add_argument("--request-timeout", type=float, default=300, help="seconds per request (300)")
+    load.add_argument("--request-timeout", type=positive_float, default=300, help="seconds per request (300)")
     start = p.add_argument_group("server start (start-up time; docs/smoke.md)")
     start.add_argument("--launch", choices=("together", "sequential"),
                        help="together: start every server at once on the GPU and measure them in turn "
@@ -116,7 +118,8 @@ def register(subparsers) -> None:
                             "docs/smoke.md)")
     start.add_argument("--gpu", type=int, help="GPU index for the servers (default: CUDA_VISIBLE_DEVICES as is)")
     start.add_argument("--python", default=sys.executable, help="interpreter that has SGLang (default: this one)")
-    start.add_argument("--start-timeout", type=float, default=600, help="seconds a server may take to be ready (600)")
+    start.add_argument("--start-timeout", type=positive_float, default=600,
+                       help="seconds a server may take to be ready (600)")
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE|-", help="write the full result as JSON to FILE; '-' prints it "
                                                       "on stdout and moves the table to stderr. Written also "
@@ -173,6 +176,8 @@ def _check_args(a) -> None:
                      "--draft-model z-lab/Qwen3-8B-DFlash-b16")
     if a.baseline_url and not a.url:
         raise _usage("--baseline-url needs --url", "pass the speculative service's --url too")
+    if a.api_key_file and not a.url:
+        raise _usage("--api-key-file needs --url", "it is the key of the running service --url measures")
     if a.require_lossless and (a.url and not a.baseline_url or not a.url and a.runs != "auto"
                                and "baseline" not in a.runs.lower()):
         raise _usage("--require-lossless needs a baseline to compare with",
@@ -180,6 +185,30 @@ def _check_args(a) -> None:
     for name in ("requests", "sequential_requests", "max_new_tokens", "input_len"):
         if getattr(a, name) < (0 if name == "sequential_requests" else 1):
             raise _usage(f"--{name.replace('_', '-')} {getattr(a, name)} is too small", "use a positive number")
+    for flag, url in (("--url", a.url), ("--baseline-url", a.baseline_url)):
+        if url is not None:
+            _check_url(flag, url)
+    if a.gpu is not None and a.gpu < 0:
+        raise _usage(f"--gpu {a.gpu} is not a GPU index", "pass an index from nvidia-smi (0, 1, ...)")
+
+
+def _check_url(flag: str, url: str) -> None:
+    parts = urlsplit(url) if url.isprintable() else None
+    try:
+        port_ok = parts is not None and (parts.port is None or parts.port > 0)
+    except ValueError:
+        port_ok = False
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise _usage(f"{flag} {url!r} is not an http(s) URL", f"pass {flag} like http://127.0.0.1:30000")
+
+
+def _check_outputs(a) -> None:
+    """Where results go, before any server starts (output.py): a finished run must not end in an
+    error about its result file."""
+    if a.json != "-":
+        output.check(a.json, "--json")
+    for flag, d in (("--work-dir", a.work_dir), ("--keep-logs", a.keep_logs), ("--record", a.record)):
+        output.check_dir(d, flag)
 
 
 POISONED = "DFLASH-poisoned"  # DFLASH with the oracle pair's poisoned drafter
@@ -280,8 +309,9 @@ def _record(path: Path, plan: Plan, server_info: dict, recordings: list, grammar
             seen.add(key)
             generate.append(asdict(rec))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"settings": plan.settings, "server_info": server_info,
-                                "generate": generate, "grammar": grammar_recordings}, indent=1) + "\n")
+    output.write(path, json.dumps({"settings": plan.settings, "server_info": server_info,
+                                   "generate": generate, "grammar": grammar_recordings}, indent=1) + "\n",
+                 "--record")
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -292,6 +322,7 @@ def _terminate(signum, _frame):
 
 def run(a) -> int:
     _check_args(a)
+    _check_outputs(a)
     signal.signal(signal.SIGTERM, _terminate)  # `timeout`, systemd: stop our servers too
     t0 = time.monotonic()
     phases: dict[str, float] = {}
@@ -339,15 +370,18 @@ def run(a) -> int:
         # A result file must never be a stale one from an earlier run, nor missing for a machine
         # that reads it: the error goes into it, with the exit code the command ends with.
         phases["total"] = time.monotonic() - t0
-        _write_json(a.json, {"ok": False, "failures": [e.what], "error": {
-            "what": e.what, "why": e.why, "fix": e.fix, "exit_code": e.exit_code},
-            "phases_s": {k: round(v, 2) for k, v in phases.items()}, "runs": [],
-            "identity": probe.identity(wait=30) if probe else None})  # which host failed
+        try:
+            _write_json(a.json, {**output.error_object(e), "failures": [e.what],
+                                 "phases_s": {k: round(v, 2) for k, v in phases.items()}, "runs": [],
+                                 "identity": probe.identity(wait=30) if probe else None})  # which host failed
+        except DflashError as written:
+            if written is not e:
+                say(f"the error could not be written to --json: {written.what}: {written.why}")
         raise
     finally:
         if work is not None and not a.work_dir:
-            if ok:
-                shutil.rmtree(work, ignore_errors=True)
+            if ok or not any(work.iterdir()):
+                shutil.rmtree(work, ignore_errors=True)  # passed, or failed before writing anything
             else:
                 say(f"kept {work} (models, server logs) for a look")
 
@@ -372,11 +406,12 @@ def _exit_code(result: dict) -> int:
 
 
 def _write_json(dest: str | None, result: dict) -> None:
-    """--json FILE writes FILE; --json - prints on stdout (the table then went to stderr)."""
+    """--json FILE writes FILE (whole or not at all); --json - prints on stdout (the table then
+    went to stderr)."""
     if dest == "-":
-        print(json.dumps(result, indent=2), flush=True)
+        output.print_json(result)
     elif dest:
-        Path(dest).write_text(json.dumps(result, indent=2) + "\n")
+        output.write(dest, json.dumps(result, indent=2) + "\n", "--json")
         say(f"result written to {dest}")
 
 
@@ -392,11 +427,11 @@ def _settings(a, plan_runs, synthetic_pair, launch, prompt_kind) -> dict:
 def _run_url(a, phases) -> tuple[list[RunResult], Plan]:
     key = None
     if a.api_key_file:
-        try:
-            key = Path(a.api_key_file).read_text().strip()
-        except OSError as e:
-            raise DflashError(f"cannot read {a.api_key_file}", e.strerror or str(e),
-                              "pass the file that holds the service's API key", USAGE)
+        key = inputs.read_text(a.api_key_file, "key file", "pass the file that holds the service's API key",
+                               USAGE, 64 << 10).strip()
+        if not key or any(c.isspace() for c in key):
+            raise DflashError(f"{a.api_key_file} holds no API key", "it is empty or more than one word",
+                              "pass --api-key-file the file the service's apiKeyFile names (one line)", USAGE)
     targets = [(a.url, None)] + ([(a.baseline_url, "baseline")] if a.baseline_url else [])
     results, routers = [], []
     plan = None
@@ -456,6 +491,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
     started, prewarm, not_prewarmed = [], None, None
     try:
         specs = _specs(a, plan, runs, work, phases, shape)
+        check_pairs(a, specs)  # a real pair: serve's model-pair rules before any server starts
         say(f"runs: {', '.join(s.run for s in specs)}; launch {launch}; work dir {work}")
         say(driver_note())
         note = first_start_note()

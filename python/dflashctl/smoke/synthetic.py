@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl.errors import DflashError
+from dflashctl.host import model_pair
 
 # Token id 0 is bos, eos and pad: requests use ignore_eos, so generation always runs to length.
 SPECIAL_TOKEN_ID = 0
@@ -85,32 +86,12 @@ def generation_config() -> dict:
             "pad_token_id": SPECIAL_TOKEN_ID}
 
 
-def check_pair(target: dict, draft: dict) -> list[str]:
-    """What makes a draft unusable with a target; empty when they fit. Works on any config pair."""
-    problems = []
-    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
-        if draft.get(key) != target.get(key):
-            problems.append(f"{key}: draft {draft.get(key)} != target {target.get(key)}")
-    dflash = draft.get("dflash_config") or {}
-    n_layers = target.get("num_hidden_layers", 0)
-    ids = dflash.get("target_layer_ids") or []
-    if not ids or any(not 0 <= i < n_layers for i in ids):
-        problems.append(f"target_layer_ids {ids} not all within the target's {n_layers} layers")
-    if draft.get("num_target_layers") not in (None, n_layers):
-        problems.append(f"num_target_layers {draft.get('num_target_layers')} != target layers {n_layers}")
-    mask = dflash.get("mask_token_id")
-    if not isinstance(mask, int) or not 0 <= mask < target.get("vocab_size", 0):
-        problems.append(f"mask_token_id {mask} not below the vocabulary size {target.get('vocab_size')}")
-    block = dflash.get("block_size", draft.get("block_size"))
-    if draft.get("block_size", block) != block:
-        problems.append(f"block_size {draft.get('block_size')} != dflash_config.block_size {block}")
-    return problems
-
-
 def write_pair(root: Path | str, shape: PairShape = PairShape()) -> tuple[Path, Path]:
     """Write target/ and draft/ under `root`; returns their paths."""
     target, draft = target_config(shape), draft_config(shape)
-    problems = check_pair(target, draft)
+    problems = [f.line() for f in model_pair.check_target(target, "DFLASH")
+                + model_pair.check_pair(target, draft, "DFLASH", shape.block_size, skip_tokenizer_init=True)
+                if f.level == model_pair.FAIL]  # the rules serve's preflight holds a real pair to
     if problems:
         raise DflashError("the synthetic model shapes do not fit together", "; ".join(problems),
                           "choose a block size and layer ids within the target")

@@ -13,6 +13,7 @@ it says on its first line that it checks no flags. It uses --port, --host, --mod
   stall            listens (503 to every health poll, logged as SGLang's access log would), logs a
                    loading line every STANDIN_PROGRESS_EVERY seconds for STANDIN_STALL_AFTER seconds,
                    then "Capturing CUDA graphs", then nothing more
+STANDIN_LISTEN_AFTER seconds pass before it listens at all (SGLang's imports and model load).
 It writes its argv as JSON to STANDIN_ARGV_FILE, appends a line to STANDIN_OK_FILE before each 200,
 and exits 0 on SIGTERM. For the systemd tier (tests/test_systemd.py), also:
   STANDIN_CHILDREN=N  start N helper processes in its process group that ignore SIGTERM (SGLang's
@@ -26,7 +27,9 @@ SGLang 0.5.11's JSON shapes: GET /health, /v1/models, /model_info, /server_info;
 /v1/chat/completions, each as JSON or as a server-sent event stream ("stream": true). Every answer
 names the port that served it (`meta_info.id` / `id` start with "standin-<port>-"), so a test can
 count where a router sent each request. STANDIN_TOKEN_DELAY seconds pass per generated token
-(default 0). Bad requests get SGLang's answers: 400 for JSON that does not parse, for empty
+(default 0). Greedy output ids follow the prompt (the same prompt, the same ids: a rollout's canary
+compares them), from token STANDIN_DIVERGE_FROM on shifted by one (a build that decodes differently).
+GET /v1/loads answers as SGLang 0.5.11 does, with the requests this process is answering. Bad requests get SGLang's answers: 400 for JSON that does not parse, for empty
 `input_ids`, or for more than STANDIN_CONTEXT (default 4096) input tokens; 401 to a POST without
 `Authorization: Bearer $STANDIN_API_KEY` when that is set (SGLang's --api-key).
 """
@@ -88,6 +91,30 @@ MODEL = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--served-mod
 token_delay = float(os.environ.get("STANDIN_TOKEN_DELAY", "0"))
 context = int(os.environ.get("STANDIN_CONTEXT", "4096"))
 counter = iter(range(1, 1 << 62))
+diverge_from = int(os.environ.get("STANDIN_DIVERGE_FROM", "-1"))
+in_flight = 0
+in_flight_lock = threading.Lock()
+
+
+def output_ids(prompt: list, n: int) -> list[int]:
+    """Greedy ids: a function of the prompt and the position (every vocabulary has ids below 1000)."""
+    seed = sum((i + 1) * int(t) for i, t in enumerate(prompt)) if isinstance(prompt, list) else len(prompt)
+    ids = [(seed * 31 + k * 7) % 990 + 10 for k in range(n)]
+    return [t + 1 if 0 <= diverge_from <= k else t for k, t in enumerate(ids)]
+
+
+def loads() -> dict:
+    """/v1/loads in SGLang 0.5.11's shape (entrypoints/v1_loads.py), one DP rank."""
+    with in_flight_lock:
+        running = in_flight
+    rank = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0, "num_used_tokens": 0,
+            "num_total_tokens": 0, "max_total_num_tokens": 4096, "token_usage": 0.0, "gen_throughput": 0.0,
+            "cache_hit_rate": 0.0, "utilization": 0.0, "max_running_requests": 48, "num_total_reqs": running}
+    return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "version": "0.5.11",
+            "dp_rank_count": 1, "loads": [rank],
+            "aggregate": {"total_running_reqs": running, "total_waiting_reqs": 0, "total_reqs": running,
+                          "total_used_tokens": 0, "total_tokens": 0, "avg_token_usage": 0.0,
+                          "avg_throughput": 0.0, "avg_utilization": 0.0}}
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -115,6 +142,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         elif self.path in ("/model_info", "/get_model_info"):
             self.send_json(200, {"model_path": MODEL, "tokenizer_path": MODEL, "is_generation": True,
                                  "preferred_sampling_params": None, "weight_version": "default"})
+        elif self.path.split("?")[0] == "/v1/loads":
+            self.send_json(200, loads())
         elif self.path in ("/server_info", "/get_server_info"):
             self.send_json(200, {"model_path": MODEL, "served_model_name": MODEL, "port": port,
                                  "host": host, "tp_size": 1, "dp_size": 1, "version": "0.5.11",
@@ -153,11 +182,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_json(400, {"error": {"message": f"The input ({n_in} tokens) is longer than the "
                                            f"model's context length ({context} tokens).", "code": 400}})
             return
-        self.answer(self.path, body, f"standin-{port}-{next(counter)}", n_in, max(n_out, 0))
+        global in_flight
+        with in_flight_lock:
+            in_flight += 1
+        try:
+            self.answer(self.path, body, f"standin-{port}-{next(counter)}", n_in, max(n_out, 0))
+        finally:
+            with in_flight_lock:
+                in_flight -= 1
 
     def answer(self, path: str, body: dict, rid: str, n_in: int, n_out: int) -> None:
         t0 = time.monotonic()
         chat = path == "/v1/chat/completions"
+        ids = output_ids(body.get("input_ids") or body.get("text") or [], n_out)
 
         def piece(i: int, last: bool) -> dict:
             finish = {"type": "length", "length": n_out} if last else None
@@ -165,7 +202,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
                         "model": MODEL, "choices": [{"index": 0, "delta": {"content": f" t{i}"},
                                                      "finish_reason": "length" if last else None}]}
-            return {"text": "".join(f" t{j}" for j in range(i + 1)), "output_ids": list(range(i + 1)),
+            return {"text": "".join(f" t{j}" for j in range(i + 1)), "output_ids": ids[:i + 1],
                     "meta_info": {"id": rid, "finish_reason": finish, "prompt_tokens": n_in,
                                   "completion_tokens": i + 1, "cached_tokens": 0,
                                   "e2e_latency": time.monotonic() - t0}}
@@ -301,4 +338,5 @@ if mode == "stall":
 if mode == "silent":
     while True:
         time.sleep(3600)
+time.sleep(float(os.environ.get("STANDIN_LISTEN_AFTER", "0")))  # SGLang listens only after its imports
 http.server.ThreadingHTTPServer((host, port), Handler).serve_forever()

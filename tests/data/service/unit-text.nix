@@ -4,9 +4,10 @@
 { valuesFile }:
 let
   u = import ../../../nix/lib/unit-text.nix;
-  rules =
-    (builtins.fromJSON (builtins.readFile ../../../python/dflashctl/service/data/service-unit.json))
-    .cacheDir;
+  data = builtins.fromJSON (
+    builtins.readFile ../../../python/dflashctl/service/data/service-unit.json
+  );
+  rules = data.cacheDir;
   values = builtins.fromJSON (builtins.readFile valuesFile);
   one = v: {
     specifiers = u.specifiers v;
@@ -15,11 +16,13 @@ let
     controlProblem = u.controlProblem v;
     execPathProblem = u.execPathProblem v;
     execPath = if u.execPathProblem v == null then u.execPath v else null;
-    cacheDirProblem = u.cacheDirProblem rules v;
+    cacheDirProblem = u.cacheDirProblem rules data.hidden v;
     cacheDynamic =
-      if u.cacheDirProblem rules v == null then u.cacheDirDirectives rules v false else null;
-    cacheStatic = if u.cacheDirProblem rules v == null then u.cacheDirDirectives rules v true else null;
+      if u.cacheDirProblem rules data.hidden v == null then u.cacheDirDirectives rules v false else null;
+    cacheStatic =
+      if u.cacheDirProblem rules data.hidden v == null then u.cacheDirDirectives rules v true else null;
     tmpfiles = u.tmpfilesLine rules v "dflash" "dflash";
+    unitPathProblem = u.unitPathProblem data.hidden v;
   };
 in
 map one values

@@ -27,83 +27,11 @@ let
     dflashHostCompiler = package "gcc-wrapper";
     dflash-router-env = package "dflash-router-env";
     writeText = name: _: "/nix/store/11111111111111111111111111111111-${name}";
-    runCommand = name: _: _: package name;
+    runCommand =
+      name: _: _:
+      package name;
   };
-  listOption =
-    type:
-    mkOption {
-      type = types.listOf type;
-      default = [ ];
-    };
-  declarations = {
-    options = {
-      assertions = listOption types.unspecified;
-      warnings = listOption types.str;
-      system.checks = listOption types.unspecified;
-      systemd.tmpfiles.rules = listOption types.str;
-      networking.firewall.allowedTCPPorts = listOption types.port;
-      systemd.services = mkOption {
-        default = { };
-        type = types.attrsOf (
-          types.submodule {
-            options = {
-              description = mkOption {
-                type = types.str;
-                default = "";
-              };
-              after = listOption types.str;
-              wants = listOption types.str;
-              wantedBy = listOption types.str;
-              path = listOption types.unspecified;
-              reloadTriggers = listOption types.unspecified;
-              restartTriggers = listOption types.unspecified;
-              unitConfig = mkOption {
-                type = types.attrsOf types.unspecified;
-                default = { };
-              };
-              serviceConfig = mkOption {
-                type = types.attrsOf types.unspecified;
-                default = { };
-              };
-            };
-          }
-        );
-      };
-      environment.etc = mkOption {
-        type = types.attrsOf (types.submodule { options.source = mkOption { type = types.str; }; });
-        default = { };
-      };
-      users.groups = mkOption {
-        type = types.attrsOf (types.submodule { });
-        default = { };
-      };
-      users.users = mkOption {
-        default = { };
-        type = types.attrsOf (
-          types.submodule (
-            { config, ... }:
-            {
-              options = {
-                isSystemUser = mkOption {
-                  type = types.bool;
-                  default = false;
-                };
-                isNormalUser = mkOption {
-                  type = types.bool;
-                  default = false;
-                };
-                group = mkOption {
-                  type = types.str;
-                  default = "";
-                };
-              };
-              config.group = lib.mkIf config.isNormalUser (lib.mkDefault "users");
-            }
-          )
-        );
-      };
-    };
-  };
+  declarations = import ./nixos-declarations.nix lib;
   c =
     (lib.evalModules {
       specialArgs = { inherit pkgs; };

@@ -57,5 +57,13 @@ in
     k: decl: if k == "speculative" then { type = "submodule"; } else declared decl
   ) (removeAttrs instance [ "package" ]);
   speculative = builtins.mapAttrs (_: declared) (submoduleOptions instance.speculative.type);
-  router = builtins.mapAttrs (_: declared) (removeAttrs module.options.services.dflash.router [ "package" ]);
+  router = builtins.mapAttrs (_: declared) (
+    removeAttrs module.options.services.dflash.router [ "package" ]
+  );
+  # Its default depends on router.enable (config): the text NixOS shows for it, and its choices.
+  upgrade = {
+    values = module.options.services.dflash.upgrade.type.values;
+    defaultText = module.options.services.dflash.upgrade.defaultText.literal;
+  };
+  rollout = builtins.mapAttrs (_: declared) module.options.services.dflash.rollout;
 }

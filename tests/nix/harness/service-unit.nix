@@ -1,7 +1,7 @@
 # nix/lib/service-unit.nix over configurations in a JSON file, as nix/module.nix applies it to a
 # host's enabled instances (tests/nix_unit.py writes the file and reads the result):
 #   nix-instantiate --eval --strict --json tests/nix/harness/service-unit.nix --argstr casesFile cases.json
-# A case is { instances = { <name> = <every option's value>; }; dflashctl; python; }. As in NixOS,
+# A case is { instances = { <name> = <every option's value>; }; dflashctl; python; [settingsFiles]; }. As in NixOS,
 # failed assertions stop the rest: such a case gives only its messages.
 { casesFile }:
 let
@@ -21,7 +21,8 @@ let
             inherit name;
             instance = i;
             inherit (c) dflashctl python;
-            settingsFile = "/etc/dflash/${name}.json";
+            # a case may name each settings file (a store path, as the module's writeText gives)
+            settingsFile = (c.settingsFiles or { }).${name} or "/etc/dflash/${name}.json";
           };
         in
         {

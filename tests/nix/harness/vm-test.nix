@@ -5,9 +5,21 @@ let
   system = "x86_64-linux";
   pkgs = {
     stdenv.hostPlatform.system = system;
-    python3.interpreter = "/stub/python3";
+    python312 = {
+      interpreter = "/stub/python3";
+      pkgs.packaging = "nixpkgs-packaging";
+      withPackages = f: {
+        outPath = "/stub/python-env";
+        packages = f { };
+      };
+    };
+    callPackage = fn: args: {
+      outPath = "/stub/${baseNameOf fn}";
+      inherit (args) packaging;
+    };
     curl = "curl";
     writeShellScriptBin = name: text: { inherit name text; };
+    writeText = name: text: "/stub/${name}";
     runCommand = name: _: script: { inherit name script; };
     testers.runNixOSTest = args: args;
   };
@@ -19,8 +31,24 @@ let
 in
 {
   inherit (test) name testScript;
-  nodes = builtins.mapAttrs (_: node: {
-    inherit (node) imports;
-    inherit (node.services.dflash) instances package dflashctlPackage;
-  }) test.nodes;
+  # A node is the host's module, or one importing it with more of its own (the upgraded hosts).
+  nodes = builtins.mapAttrs (
+    _: node:
+    let
+      base = if node.imports == [ "the flake's module" ] then node else builtins.head node.imports;
+    in
+    {
+      inherit (base) imports;
+      inherit (base.services.dflash)
+        package
+        dflashctlPackage
+        kernelsPackage
+        ;
+      instances = base.services.dflash.instances // (node.services.dflash.instances or { });
+      upgrade = node.services.dflash.upgrade or null;
+      specialisations = builtins.mapAttrs (_: s: s.configuration.services.dflash.instances) (
+        node.specialisation or { }
+      );
+    }
+  ) test.nodes;
 }

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Two real SGLang 0.5.11 DFLASH instances (the smoke's oracle pair) on the one H200 behind
+# sglang-router 0.3.2, upgraded under load: benchmarks/rollout_bench.py (`dflashctl rollout`, then
+# every instance restarted at once, side by side), after benchmarks/gpu/record_metrics.py saved what
+# one instance and the router serve to a monitor (/metrics, /v1/loads, /server_info, /workers).
+#
+# The stack's payload (.gpu) and the router's (.gpu-router: the sglang_router package of the wheel
+# nix/router-lock.json pins, unpacked) do not fit one transfer, so two calls on one warm machine
+# (it keeps /tmp for ~30 s between them):
+#   1. carry [".gpu"]:         source .gpu/setup.sh   (or any script of that call)
+#   2. carry [".gpu-router"]:  source .gpu/setup.sh && bash benchmarks/gpu/rollout.sh
+# Make .gpu-router with:  mkdir -p .gpu-router /tmp/rs && (cd /tmp/rs && unzip -q WHEEL) &&
+#                         tar -C /tmp/rs -cf - . | xz -T2 -9 > .gpu-router/router.tar.xz
+#
+# Both instances share the GPU: SGLang 0.5.11 sizes a pool as the free memory minus (1 -
+# memFractionStatic) x the total, so an instance restarting beside another that holds f x total
+# would get nothing; with --max-total-tokens capping every pool (as the smoke does) each holds a
+# few GiB and either can restart beside the other (docs/service.md, "Sharing a GPU").
+# Writes into $OUT: rollout-h200.txt (tables), rollout-h200.json, metrics/ (the recordings),
+# rollout-h200-logs.txt.
+set -uo pipefail
+OUT=${OUT:-/tmp/rollout-out}; mkdir -p "$OUT/metrics"
+[ -f /tmp/site/.unpacked ] || { echo "no /tmp/site: source .gpu/setup.sh first (see the header)"; exit 1; }
+mkdir -p /tmp/router-site
+[ -f /tmp/router-site/.unpacked ] || { xz -d -T4 < .gpu-router/router.tar.xz | tar -x -C /tmp/router-site \
+  && touch /tmp/router-site/.unpacked; }
+export PYTHONPATH=$PWD/python:/tmp/router-site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+work=$(mktemp -d)
+python3 - "$work" <<'PY'
+import json, sys
+from pathlib import Path
+from dflashctl.smoke import oracle
+from dflashctl.smoke.servers import DEFAULT_SYNTHETIC_KV_TOKENS
+work = Path(sys.argv[1])
+pair = oracle.write_pair(work / "models")
+for name, port in (("a", 31000), ("b", 31001)):
+    settings = {"name": name, "model": str(pair.target), "draftModel": str(pair.draft), "port": port,
+                "speculative": {"algorithm": "DFLASH", "numDraftTokens": 16, "draftAttentionBackend": "triton"},
+                "gpus": [0], "allowSharedGpus": True, "attentionBackend": "triton", "samplingBackend": "pytorch",
+                "skipTokenizerInit": True, "grammarBackend": "none", "memFractionStatic": 0.25,
+                "cudaGraphMaxBs": 8, "enableMetrics": True, "startTimeoutSec": 600,
+                "extraArgs": ["--disable-piecewise-cuda-graph", "--max-total-tokens", str(DEFAULT_SYNTHETIC_KV_TOKENS)],
+                "cacheDir": str(work / "cache")}
+    (work / f"{name}.json").write_text(json.dumps(settings, indent=2))
+PY
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+  python3 -c "import sglang_router, importlib.metadata as m; print('sglang', m.version('sglang'), '| sglang-router', sglang_router.__version__)"
+} >"$OUT/rollout-h200.txt" 2>&1
+timeout --signal=INT 200 python3 benchmarks/gpu/record_metrics.py --instance "$work/a.json" --python "$(command -v python3)" \
+  --out "$OUT/metrics" >>"$OUT/rollout-h200.txt" 2>&1
+echo "record_metrics exit $?" >>"$OUT/rollout-h200.txt"
+timeout --signal=INT "${ROLLOUT_LIMIT:-420}" python3 benchmarks/rollout_bench.py --instance "$work/a.json" \
+  --instance "$work/b.json" --python "$(command -v python3)" --clients 8 --before 10 --after 10 --healthy-for 5 \
+  --start-timeout 600 --json "$OUT/rollout-h200.json" --work-dir "$work/bench" >>"$OUT/rollout-h200.txt" 2>&1
+echo "rollout_bench exit $?" >>"$OUT/rollout-h200.txt"
+for f in "$work"/bench/serve-*.log "$OUT"/metrics/serve-*.log "$work"/bench/router.log; do
+  [ -e "$f" ] || continue
+  { echo "===== $f (key lines)"; grep -E "KV Cache|max_total_num_tokens|Not enough|ready|READY|exit|Traceback|Error|preflight" "$f" | cut -c1-300 | head -40
+    echo "===== $f (last 20 lines)"; tail -n 20 "$f" | cut -c1-300; } >>"$OUT/rollout-h200-logs.txt"
+done
+rm -f "$OUT"/metrics/*.log
+cat "$OUT/rollout-h200.txt"

@@ -1,0 +1,77 @@
+# dflash-rollout.service, builtins only: services.dflash.upgrade = "rolling" in nix/module.nix. Its
+# directives come from python/dflashctl/service/data/rollout-unit.json; this adds the command line
+# (`dflashctl rollout` over the module's settings of every instance), the ordering after the
+# router and the instances, the instances' definitions as restart triggers (a switch that changes
+# any instance restarts a rollout in progress, which finishes the batch it is in first) and the
+# stop timeout that lets it. Tier 1 (tests/test_rollout_unit.py) evaluates it with plain Nix.
+let
+  unitText = import ./unit-text.nix;
+  serviceData = builtins.fromJSON (
+    builtins.readFile ../../python/dflashctl/service/data/service-unit.json
+  );
+  data = builtins.fromJSON (builtins.readFile ../../python/dflashctl/service/data/rollout-unit.json);
+  optional = cond: x: if cond then [ x ] else [ ];
+  maxOf = builtins.foldl' (a: b: if b > a then b else a) 0;
+in
+{
+  inherit data;
+
+  # { Unit, Service, Install, restartTriggers } of dflash-rollout.service. `instances`: the enabled
+  # instances (name -> options); `instanceDirectives`: name -> the directives of its unit (their
+  # DFLASH_UNIT_DIGEST says what changed); `rollout`: services.dflash.rollout;
+  # `routerSettingsFile`: null without a router.
+  directives =
+    {
+      dflashctl,
+      instancesFile,
+      routerSettingsFile,
+      instances,
+      instanceDirectives,
+      rollout,
+    }:
+    let
+      names = builtins.attrNames instances;
+      longestStart = maxOf (
+        map (n: instances.${n}.startTimeoutSec + serviceData.timeoutStartMarginSec) names
+      );
+    in
+    {
+      Unit = data.unit // {
+        After =
+          optional (routerSettingsFile != null) "dflash-router.service"
+          ++ map (n: "dflash-${n}.service") names;
+      };
+      Service = data.service // {
+        ExecStart = unitText.commandLine (
+          [
+            dflashctl
+            "rollout"
+            "--instance"
+            instancesFile
+          ]
+          ++ (
+            if routerSettingsFile != null then
+              [
+                "--router"
+                routerSettingsFile
+              ]
+            else
+              [ "--no-router" ]
+          )
+          ++ [
+            "--resume"
+            "--batch"
+            (toString rollout.batch)
+            "--healthy-for"
+            (toString rollout.healthyForSec)
+          ]
+          ++ optional rollout.requireIdentical "--require-identical"
+        );
+        # On SIGTERM (a switch restarting it, a shutdown) it finishes the batch in progress: the
+        # slowest start, the canary and the healthy hold.
+        TimeoutStopSec = "${toString (longestStart + rollout.healthyForSec + data.stopMarginSec)}s";
+      };
+      Install = data.install;
+      restartTriggers = map (n: builtins.toJSON instanceDirectives.${n}) names;
+    };
+}

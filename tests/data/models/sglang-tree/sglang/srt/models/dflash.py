@@ -1,0 +1,5 @@
+class DFlashDraftModel:
+    pass
+
+
+EntryClass = DFlashDraftModel

@@ -1,0 +1,3 @@
+# No EntryClass: registers nothing.
+class HelperForCausalLM:
+    pass

@@ -1,0 +1,3 @@
+def main():
+    from sglang import __version__
+    print(__version__)

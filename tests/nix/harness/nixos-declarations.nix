@@ -1,0 +1,94 @@
+# Minimal declarations of our own of the NixOS options nix/module.nix (and checks.nixos-vm's hosts)
+# set, for the real module system of a nixpkgs lib found outside the repository
+# (tests/nix/harness/module-eval.nix, tests/nix/harness/vm-nodes.nix). Written from the NixOS manual:
+# lists merge, `isNormalUser` puts a user in the group "users".
+lib:
+let
+  inherit (lib) mkOption types;
+  listOption =
+    type:
+    mkOption {
+      type = types.listOf type;
+      default = [ ];
+    };
+in
+{
+  options = {
+    assertions = listOption types.unspecified;
+    warnings = listOption types.str;
+    system.checks = listOption types.unspecified;
+    systemd.tmpfiles.rules = listOption types.str;
+    networking.firewall.allowedTCPPorts = listOption types.port;
+    environment.systemPackages = listOption types.package;
+    # NixOS evaluates each specialisation as a system of its own; here it is only carried.
+    specialisation = mkOption {
+      type = types.attrsOf types.unspecified;
+      default = { };
+    };
+    systemd.services = mkOption {
+      default = { };
+      type = types.attrsOf (
+        types.submodule {
+          options = {
+            description = mkOption {
+              type = types.str;
+              default = "";
+            };
+            after = listOption types.str;
+            before = listOption types.str;
+            wants = listOption types.str;
+            wantedBy = listOption types.str;
+            path = listOption types.unspecified;
+            reloadTriggers = listOption types.unspecified;
+            restartTriggers = listOption types.unspecified;
+            restartIfChanged = mkOption {
+              type = types.bool;
+              default = true;
+            };
+            unitConfig = mkOption {
+              type = types.attrsOf types.unspecified;
+              default = { };
+            };
+            serviceConfig = mkOption {
+              type = types.attrsOf types.unspecified;
+              default = { };
+            };
+          };
+        }
+      );
+    };
+    environment.etc = mkOption {
+      type = types.attrsOf (types.submodule { options.source = mkOption { type = types.path; }; });
+      default = { };
+    };
+    users.groups = mkOption {
+      type = types.attrsOf (types.submodule { });
+      default = { };
+    };
+    users.users = mkOption {
+      default = { };
+      type = types.attrsOf (
+        types.submodule (
+          { config, ... }:
+          {
+            options = {
+              isSystemUser = mkOption {
+                type = types.bool;
+                default = false;
+              };
+              isNormalUser = mkOption {
+                type = types.bool;
+                default = false;
+              };
+              group = mkOption {
+                type = types.str;
+                default = "";
+              };
+            };
+            config.group = lib.mkIf config.isNormalUser (lib.mkDefault "users");
+          }
+        )
+      );
+    };
+  };
+}
