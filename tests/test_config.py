@@ -213,17 +213,18 @@ def test_reading_the_settings_file(tmp_path):
     assert e.value.what == f"invalid settings for instance 'a' in {bad}"
 
 
+WROTE = "pass the settings file the module or `dflashctl unit` wrote (UTF-8 JSON)"
+
+
 @pytest.mark.parametrize("data, what, why, fix", [
-    (None, "cannot read {f}", "No such file or directory",
-     "pass the settings file the module or `dflashctl unit` wrote"),
+    (None, "cannot read {f}", "No such file or directory", WROTE),
     (b" " * (1 << 20) + b"{}", "{f} is too large for a settings file", "over 1048576 bytes",
-     "write the settings as UTF-8 JSON (the module or `dflashctl unit` writes a valid file)"),
+     "pass the settings file itself (a settings file is far smaller)"),
     (b'{"model": "\xff"}', "{f} is not UTF-8 text", "byte 11: invalid start byte",
-     "write the settings as UTF-8 JSON (the module or `dflashctl unit` writes a valid file)"),
+     "pass the settings file itself (UTF-8 JSON or text)"),
     (b'{"model":\n "m",}', "{f} is not valid JSON", "line 2 column 6: Expecting property name enclosed in double quotes",
-     "fix the JSON syntax"),
-    (b"[" * 100000 + b"]" * 100000, "{f} is not valid settings", "its JSON is nested too deeply",
-     "write the settings as UTF-8 JSON (the module or `dflashctl unit` writes a valid file)"),
+     WROTE),
+    (b"[" * 100000 + b"]" * 100000, "{f} is not a valid settings file", "its JSON is nested too deeply", WROTE),
     (b'{"model": "a", "model": "b"}', "{f} is ambiguous", 'the key "model" appears twice in one object',
      "keep one of the two (JSON readers disagree on which one wins)"),
 ], ids=["missing", "too-large", "not-utf8", "not-json", "too-deep", "duplicate-key"])

@@ -485,11 +485,13 @@ def test_check_calls_a_newer_resolution_stale_and_a_reformatted_lock_not_canonic
 
 
 def test_check_json_lists_the_changes_of_a_tampered_lock(tmp_path, monkeypatch, capsys):
+    """With --json the failure's error object carries the comparison (cli prints it)."""
     lock = build()
-    with pytest.raises(DflashError):
+    with pytest.raises(DflashError) as e:
         check(tmp_path, _edited(lock, X86, "torch", sha256="0" * 64).dumps(), lock, json_out=True,
               monkeypatch=monkeypatch)
-    out = json.loads(capsys.readouterr().out)
+    assert capsys.readouterr().out == ""  # no table in front of the JSON
+    out = e.value.result
     assert out["up_to_date"] is False and [c["kind"] for c in out["changes"]] == ["re-hashed"]
 
 
