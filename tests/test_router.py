@@ -21,7 +21,8 @@ from dflashctl import cli, errors
 from dflashctl.errors import DflashError
 from dflashctl.service import config, router, router_unit
 from nixos_host import nix_router, nixos_router_unit
-from router_harness import REPO, Load, Router, Standin, free_port, generate_body, needs_router, request, served_by
+from router_harness import (MEASURED_DEFAULTS, REPO, Load, Router, Standin, free_port, generate_body, needs_router,
+                            request, served_by)
 
 
 @pytest.fixture
@@ -57,15 +58,6 @@ def instance(name: str, port: int, **extra) -> config.InstanceConfig:
     return config.from_dict({"name": name, "model": "m", "port": port, **extra})
 
 
-# The defaults as docs/service.md ("Router", settings table) gives them, each with what was measured
-# behind it (health checks every 2 s and a dead worker out after two: ~4 s; 3 circuit-breaker
-# failures stop 0.3.2's retries going back to a dead worker; ...). Written here, not read.
-MEASURED_DEFAULTS = {
-    "host": "127.0.0.1", "port": 30080, "metricsHost": "127.0.0.1", "metricsPort": 30081, "policy": "round_robin",
-    "healthCheckIntervalSec": 2, "healthCheckTimeoutSec": 5, "healthFailureThreshold": 2,
-    "healthSuccessThreshold": 1, "circuitBreakerFailures": 3, "circuitBreakerOpenSec": 5, "retries": 3,
-    "requestTimeoutSec": 300, "workerStartupTimeoutSec": 3600, "drainSec": 30,
-}
 DEFAULT_FLAGS = {  # the router's flag each default becomes
     "--host": "127.0.0.1", "--port": "30080", "--prometheus-host": "127.0.0.1", "--prometheus-port": "30081",
     "--policy": "round_robin", "--health-check-endpoint": "/health", "--health-check-interval-secs": "2",

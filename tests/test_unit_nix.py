@@ -411,7 +411,7 @@ def test_module_declares_the_routers_settings_with_their_defaults(declared):
     options = declared["router"]
     settable = set(router.KEYS) - {"workers", "instanceUnits"}  # workers come from the instances
     assert set(options) == settable | {"enable", "remoteWorkers", "openFirewall"}
-    from test_router import MEASURED_DEFAULTS  # the measured ones, written out (docs/service.md)
+    from router_harness import MEASURED_DEFAULTS  # the measured ones, written out (docs/service.md)
     assert {k: options[k]["default"] for k in MEASURED_DEFAULTS} == MEASURED_DEFAULTS
     assert options["policy"]["values"] == list(router.POLICIES)
     assert options["logLevel"]["values"] == list(router.LOG_LEVELS)
