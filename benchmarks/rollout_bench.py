@@ -104,6 +104,8 @@ def main() -> None:
     ap.add_argument("--listen-after", type=float, default=8.0, help="stand-ins: seconds before they listen (8)")
     ap.add_argument("--ready-after", type=float, default=2.0, help="stand-ins: seconds of 503 after that (2)")
     ap.add_argument("--start-timeout", type=float, default=900)
+    ap.add_argument("--start-together", action="store_true",
+                    help="start every instance at once (each on its own GPUs; default: one after the other)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--work-dir", metavar="DIR", help="keep the logs here (default: a temporary directory)")
     args = ap.parse_args()
@@ -120,8 +122,11 @@ def main() -> None:
                 [sys.executable, "-m", "dflashctl", "serve", "--config", str(f), "--python", args.python]
             sup.add(cfg.name, argv, dict(ENV, LOGS_DIRECTORY=str(tmp)))
         sup.serve_control()
-        for inst in sup.instances.values():  # one after the other: SGLang sizes its pool from what is free
+        for inst in sup.instances.values() if args.start_together else ():
             sup._start(inst)
+        for inst in sup.instances.values():  # one after the other: SGLang sizes its pool from what is free
+            if not args.start_together:
+                sup._start(inst)
             ok, text = sup.wait_started(inst, args.start_timeout)
             if not ok:
                 raise SystemExit(f"{inst.name} did not start: {text}; see {inst.log}")

@@ -130,6 +130,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--token-delay", default="0.005", help="stand-ins: seconds per token")
     ap.add_argument("--start-timeout", type=float, default=900)
+    ap.add_argument("--start-together", action="store_true",
+                    help="start every instance at once (each on its own GPUs; default: one after the other)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--work-dir", metavar="DIR", help="keep the logs here (default: a temporary directory)")
     args = ap.parse_args()
@@ -143,7 +145,11 @@ def main() -> None:
         instances = [Supervised(f, args.python, standin, args.restart_sec, tmp / f"serve-{f.stem}.log")
                      for f in files]
         for i in instances:  # one after the other: SGLang sizes its pool from what the others left free
-            i.start().wait_up(args.start_timeout)
+            i.start()
+            if not args.start_together:
+                i.wait_up(args.start_timeout)
+        for i in instances if args.start_together else ():
+            i.wait_up(args.start_timeout)
         given = json.loads(Path(args.router_settings).read_text()) if args.router_settings else {}
         settings = router_unit.settings_for([i.cfg for i in instances],
                                             {"port": free_port(), "metricsPort": free_port(), **given})

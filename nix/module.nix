@@ -636,7 +636,8 @@ in
         wins): a first start loads them instead of compiling for about a minute. A kernel the
         package lacks (another GPU arch, another model shape, a patched SGLang) is compiled into
         the instance's cache directory at the first start, as without it. Triton's kernels are in it
-        as recorded on a GPU (the package's `tritonRecords`; the smoke's sm90 recording is built in).
+        as recorded on a GPU (the package's `tritonRecords`; the smoke's sm90 recording is built in,
+        and carried to sm100 and sm120 where its kernels' specialisation does not depend on the GPU).
         `null`: every host compiles its own at the first start.
       '';
     };

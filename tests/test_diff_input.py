@@ -59,3 +59,14 @@ def test_a_hand_mangled_fingerprint_is_one_line(tmp_path, content, message):
     assert proc.returncode == errors.INPUT  # unreadable input, not "the hosts differ" (FAILED)
     assert message in proc.stderr and proc.stderr.startswith("dflashctl diff: ")
     assert len(proc.stderr.splitlines()) == 2  # what and why, then the fix
+
+
+def test_odd_gpu_health_figures_are_compared_where_they_can_be_and_never_crash(tmp_path):
+    """The GPU part (fp["gpus"], NVML's answers) is not validated: diff takes what is well-formed."""
+    def odd(fp):
+        fp["gpus"] = {"ok": True, "facts": {"gpus": [{"index": 0, "uuid": ["not", "text"], "health": 7},
+                                                     "GPU 1", {"index": "2"}],
+                                            "unanswered": {"index": 3}}}
+    proc = diff(tmp_path, mangled(odd))
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode in (errors.OK, errors.FAILED)

@@ -15,7 +15,7 @@ import pytest
 from test_smoke import DATA, fake_without_ddtree, prompts, smoke
 
 from dflashctl import errors
-from dflashctl.smoke import acceptance, oracle
+from dflashctl.smoke import acceptance, oracle, synthetic
 
 GRAMMAR = DATA / "h200-oracle" / "grammar.json"  # the grammar server's answers on the H200
 LOAD = ["--requests", "8", "--sequential-requests", "4", "--max-new-tokens", "256", "--input-len", "32",
@@ -257,3 +257,41 @@ def test_a_broken_run_names_every_phase_out_of_its_band():
                    "sequential accept length none (rule predicts 16, band >= 15.5)")
     ok, none = acceptance.judge("DFLASH", {"concurrent": {"accept_length": 16.0}}, {"concurrent": band})
     assert ok == {"ok": True, "phases": {"concurrent": {**band, "accept_length": 16.0, "ok": True}}} and none is None
+
+
+def test_tensor_parallel_servers_get_their_gpus_and_the_tp_size(tmp_path):
+    """--tp-size 2: every server on GPUs 0 and 1 (the module's gpus list), SGLang's --tp-size 2."""
+    p, result = run(tmp_path, "--tp-size", "2", "--runs", "baseline,DFLASH", fake=fake_without_ddtree(tmp_path))
+    assert p.returncode == 0, p.stderr
+    for r in ("baseline", "DFLASH", "grammar"):
+        lines = (tmp_path / "work" / "logs" / f"{r}.log").read_text().splitlines()
+        args = lines[0].split("server_args: ")[1].split()
+        assert args[args.index("--tp-size") + 1] == "2", r
+        assert [x.split("] ", 1)[1] for x in lines if "] CUDA_VISIBLE_DEVICES=" in x] == ["CUDA_VISIBLE_DEVICES=0,1"], r
+    assert result["ok"] and result["runs"][1]["lossless"]["status"] == "identical"
+
+
+def test_a_tp_size_the_pair_cannot_shard_is_refused_before_any_server_starts(tmp_path):
+    p, _ = run(tmp_path, "--tp-size", "3", "--no-grammar", fake=fake_without_ddtree(tmp_path))
+    assert p.returncode == errors.USAGE, p.stderr
+    assert "--tp-size 3: the synthetic models do not shard over 3 GPUs: 16 attention heads do not divide" in p.stderr
+    assert "(target, draft, draft-poisoned)" in p.stderr and "started" not in p.stderr
+
+
+def test_the_oracle_pair_shards_over_2_4_8_and_16_gpus(tmp_path):
+    """SGLang's tensor-parallel layers split heads, KV heads (or replicate them) and the MLP: the
+    pair's 16 and 16 (and the random pair's 16 and 8) allow 2, 4, 8, 16, never 3 or 32."""
+    pair = oracle.write_pair(tmp_path)
+    configs = [json.loads((d / "config.json").read_text()) for d in (pair.target, pair.draft, pair.poisoned)]
+    for cfg in configs:
+        assert cfg["num_key_value_heads"] == cfg["num_attention_heads"] == 16
+        for tp in (1, 2, 4, 8, 16):
+            assert synthetic.tp_problems(cfg, tp) == [], tp
+        assert synthetic.tp_problems(cfg, 3) == ["16 attention heads do not divide over 3 GPUs",
+                                                 "16 KV heads neither divide over 3 GPUs nor replicate onto them",
+                                                 "intermediate_size 64 does not divide over 3 GPUs"]
+        assert synthetic.tp_problems(cfg, 32) == ["16 attention heads do not divide over 32 GPUs"]  # KV: replicated
+    random_target = synthetic.target_config(synthetic.PairShape())
+    assert [tp for tp in (2, 4, 8, 16) if not synthetic.tp_problems(random_target, tp)] == [2, 4, 8, 16]
+    assert synthetic.tp_problems({**random_target, "num_key_value_heads": 6}, 4) == [
+        "6 KV heads neither divide over 4 GPUs nor replicate onto them"]

@@ -37,9 +37,11 @@ def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 '''
 SIGNATURE = {"x_ptr": "*bf16", "y_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "BLOCK": "constexpr"}
 
-# What the runtime does at a kernel's first call on an H200, without the GPU: the specialisation
-# (types, 16-divisible pointers, the constexpr) spelt out and the target named. Prints one JSON line:
-# the kernel's cache key and where Triton's cache manager finds the cuda_utils helper module.
+# What the runtime does at a kernel's first call on an H200 (or, with TOY_ARCH, a GPU of that
+# compute capability: 100 a B200, 120 an RTX PRO 6000), without the GPU: the specialisation (types,
+# 16-divisible pointers, the constexpr) spelt out, the target named, and only the options the
+# launch gives (the runtime passes its launch options to the target's parse_options). Prints one
+# JSON line: the kernel's cache key and where Triton's cache manager finds the cuda_utils helper.
 COMPILE = r'''
 import hashlib, json, os, sysconfig
 import triton
@@ -52,7 +54,8 @@ import toykern
 
 src = ASTSource(toykern.add_kernel, %r, {(4,): 1024},
                 {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]})
-kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+kernel = triton.compile(src, target=GPUTarget("cuda", int(os.environ.get("TOY_ARCH", "90")), 32),
+                        options={"num_warps": 4})
 # compile_module_from_src's own key for cuda_utils (triton/runtime/build.py)
 helper = hashlib.sha256((open(os.path.join(nv.dirname, "driver.c")).read() + platform_key()).encode()).hexdigest()
 found = get_cache_manager(helper).get_file("cuda_utils" + sysconfig.get_config_var("EXT_SUFFIX"))
@@ -128,7 +131,7 @@ def test_the_recording_names_the_kernel_its_key_and_its_specialisation(recorded)
 @needs_cc
 def test_the_build_stores_the_kernel_and_its_helpers_where_triton_finds_them_read_only(built):
     tmp, toy, done, layout, moved, result = built
-    assert result == {"built": [done["hash"]], "stale": [], "failed": []}
+    assert result == {"built": [done["hash"]], "carried": [], "stale": [], "failed": []}
     assert files(moved) == layout
     names = [Path(f).name for f in layout if f.startswith("triton/")]
     assert "__grp__add_kernel.json" in names and "add_kernel.cubin" in names
@@ -202,7 +205,7 @@ def test_a_record_for_another_arch_is_not_built(recorded, tmp_path):
     tmp, toy, rec, done = recorded
     result = triton_kernels.build(sys.executable, tmp_path / "out", "10.0", triton_kernels.read_records([rec]),
                                   child_env(tmp_path, toy), tmp_path)
-    assert result == {"built": [], "stale": [], "failed": []} and not (tmp_path / "out").exists()
+    assert result == {"built": [], "carried": [], "stale": [], "failed": []} and not (tmp_path / "out").exists()
 
 
 def test_provide_names_the_layer_when_there_are_triton_kernels_or_a_recording(tmp_path):
@@ -255,8 +258,67 @@ def test_kernels_build_notes_the_triton_kernels_in_the_index_and_leaves_stale_on
     out.mkdir()
     kernels.build_triton(sys.executable, out, ["sm90", "sm100"], [str(rec), str(stale)], False, child_env(tmp, toy))
     index = kernels.read_index(out)
-    assert index["triton"] == {"9.0": [done["hash"]]}  # nothing recorded for sm100, the stale one left out
+    assert index["triton"]["9.0"] == [done["hash"]]  # the stale one left out
+    [carried] = index["triton"]["10.0"]  # the sm90 recording carried to sm100, the stale one left out there too
+    assert carried != done["hash"] and index["triton_carried"]["10.0"] == {"from": ["9.0"], "kernels": [carried],
+                                                                          "left_out": []}
     err = capsys.readouterr().err
-    assert "1 recorded Triton kernel(s) left out, stale (first toykern.add_kernel: its source differs" in err
-    assert "9.0: Triton 1/2 kernels" in err
+    assert "9.0: 1 recorded Triton kernel(s) left out, stale (first toykern.add_kernel: its source differs" in err
+    assert "10.0: 1 recorded Triton kernel(s) left out, stale" in err
+    assert "9.0: Triton 1/2 kernels" in err and "10.0: Triton 1/2 kernels" in err
+    assert "(1 carried over from the 9.0 recording)" in err
     assert not [p for p in (out / triton_kernels.SUBDIR).rglob("__grp__*") if "f" * 8 in str(p)]
+
+
+@needs_cc
+@pytest.mark.parametrize("arch", [100, 120])
+def test_an_sm90_recording_carried_to_blackwell_is_found_under_the_key_triton_computes_there(recorded, tmp_path, arch):
+    """The toy recorded on "an H200", built for sm100 / sm120, and then the first call on such a GPU
+    (the same compile for that target, as the runtime does it): no compile, nothing written."""
+    tmp, toy, rec, done = recorded
+    there = compile_toy(child_env(tmp_path, toy, TRITON_CACHE_DIR=str(tmp_path / "truth"), TOY_ARCH=str(arch)))
+    assert there["hash"] != done["hash"]  # another target, another key
+    out = tmp_path / "prebuilt"
+    out.mkdir()
+    kernels.build_triton(sys.executable, out, [f"sm{arch}"], [str(rec)], False, child_env(tmp, toy))
+    index = kernels.read_index(out)
+    version = f"{arch // 10}.{arch % 10}"
+    assert index["triton"] == {version: [there["hash"]]}  # the key Triton computes on that GPU
+    assert index["triton_carried"][version]["kernels"] == [there["hash"]]
+    [cubin] = (out / "triton").rglob("add_kernel.cubin")
+    assert cubin.stat().st_size > 0
+    writable = tmp_path / "w"
+    hit = compile_toy(with_hook(child_env(tmp_path, toy, TRITON_CACHE_DIR=str(writable), TOY_ARCH=str(arch),
+                                          DFLASH_PREBUILT_KERNELS=str(out))))
+    assert hit["hash"] == there["hash"] and files(writable) == []  # found, nothing compiled
+
+
+def test_the_smokes_recording_carries_to_sm100_and_sm120_except_its_gpu_bound_kernels():
+    records = triton_kernels.read_records(triton_kernels.shipped_records())
+    assert len(records) == 33
+    for version, cap in (("10.0", 100), ("12.0", 120)):
+        carried, left_out = triton_kernels.carry(records, version)
+        assert len(carried) == 28 and len(left_out) == 5
+        assert sorted({x["kernel"] for x in left_out}) == [
+            "sglang.srt.constrained.triton_ops.bitmask_ops.apply_token_bitmask_inplace_kernel",
+            "sglang.srt.layers.attention.triton_ops.extend_attention._fwd_kernel"]
+        assert all(x["from"] == 90 and x["why"] for x in left_out)
+        by_hash = {r["hash"]: r for r in records}
+        for c in carried:
+            source = by_hash[c["carried_from"]["hash"]]
+            assert c["target"] == {**source["target"], "arch": cap} and c["hash"] is None
+            assert {k: v for k, v in c.items() if k not in ("target", "hash", "carried_from")} == \
+                {k: v for k, v in source.items() if k not in ("target", "hash")}  # the same specialisation
+    assert triton_kernels.carry(records, "9.0") == ([], [])  # an arch's own records are built as recorded
+
+
+def test_coverage_says_which_triton_kernels_were_carried_and_which_were_left_out(tmp_path):
+    calls = kernels.calls_for(kernels.SMOKE_TARGET)
+    left = [{"kernel": "m.k", "from": 90, "why": "w"}, {"kernel": "m.k", "from": 90, "why": "w"},
+            {"kernel": "n.bitmask", "from": 90, "why": "v"}]
+    index = {"format": 1, "built": {"12.0": calls}, "archs": ["12.0"], "triton": {"12.0": ["a" * 64, "b" * 64]},
+             "triton_carried": {"12.0": {"from": ["9.0"], "kernels": ["a" * 64, "b" * 64], "left_out": left}}}
+    (tmp_path / kernels.INDEX).write_text(json.dumps(index))
+    ok, text = kernels.coverage(tmp_path, "12.0", {"smoke": kernels.SMOKE_TARGET})
+    assert ok and text.endswith("2 Triton kernel(s) (2 carried over from the 9.0 recording; 3 left out, their "
+                                "specialisation depends on the GPU (bitmask, k): they compile at the first start)")

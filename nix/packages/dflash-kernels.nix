@@ -1,7 +1,8 @@
 # `dflash-kernels`: SGLang's JIT kernels (tvm-ffi modules), flashinfer's RMSNorm and Triton's
 # recorded kernels compiled at build time, without a GPU, by `dflashctl kernels build` with the
 # stack's own nvcc wheels and the pinned host compiler, for `cudaArchs` and the shapes of
-# `modelConfigs` (plus the smoke's targets, whose Triton kernels dflashctl ships recorded for sm90).
+# `modelConfigs` (plus the smoke's targets, whose Triton kernels dflashctl ships recorded for sm90
+# and carries to the other archs where their specialisation allows).
 # Triton's kernels of other models come from `tritonRecords`: files a GPU host wrote with
 # DFLASH_TRITON_RECORD=FILE. The result is a read-only directory that services, the smoke app and the dev shell get as
 # DFLASH_PREBUILT_KERNELS; a kernel it lacks (another arch, another shape, a patched SGLang) is

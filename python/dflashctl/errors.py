@@ -29,8 +29,12 @@ PREFLIGHT_NATIVE = 84  # libnuma or libcuda does not resolve
 PREFLIGHT_DRIVER = 85  # the NVIDIA driver is too old for CUDA 13
 PREFLIGHT_SGLANG = 86  # sglang itself does not import, or lacks the requested algorithm
 PREFLIGHT_MODEL_MISSING = 88  # offline and not fully in the cache, or a local model's files missing
+# An instance's GPU is lost, has a row remap pending or failed, or uncorrected ECC errors since its last
+# reset: it stays so until an operator resets or replaces it (docs/service.md, "When a GPU fails").
+PREFLIGHT_GPU_FAULT = 89
 NO_RESTART = (CONFIG, PREFLIGHT_MODEL_PAIR, PREFLIGHT_TORCH, PREFLIGHT_KERNEL, PREFLIGHT_GRAMMAR,
-              PREFLIGHT_SOUNDFILE, PREFLIGHT_NATIVE, PREFLIGHT_DRIVER, PREFLIGHT_SGLANG, PREFLIGHT_MODEL_MISSING)
+              PREFLIGHT_SOUNDFILE, PREFLIGHT_NATIVE, PREFLIGHT_DRIVER, PREFLIGHT_SGLANG, PREFLIGHT_MODEL_MISSING,
+              PREFLIGHT_GPU_FAULT)
 
 # Failures worth a restart with backoff (a crash can be transient: OOM, a GPU reset).
 PREFLIGHT_GPU_BUSY = 87  # another process holds the GPU memory SGLang would claim (it may finish)
@@ -38,6 +42,9 @@ SERVER_DIED_BEFORE_READY = 90
 SERVER_DIED_AFTER_READY = 91
 SERVER_START_TIMEOUT = 92
 SERVER_STALLED = 93  # no start-up progress (log, GPU memory) for stallTimeoutSec
+# The GPU watch saw the instance's GPU fail (a critical XID, lost, new uncorrected ECC errors): SGLang
+# was stopped. Restarted: the next start's preflight refuses a GPU that is still faulty (exit 89).
+SERVER_GPU_FAILED = 94
 
 
 class DflashError(Exception):

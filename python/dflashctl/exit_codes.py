@@ -31,17 +31,20 @@ MEANING = {
     e.PREFLIGHT_GPU_BUSY: "other processes hold the GPU memory SGLang would claim (restarted)",
     e.PREFLIGHT_MODEL_MISSING: "offline, and the pinned revision is not whole in the cache",
     e.PREFLIGHT_MODEL_PAIR: "the model and its drafter do not fit together, or a model's files are unusable",
+    e.PREFLIGHT_GPU_FAULT: "the instance's GPU is lost or has an uncorrected memory fault (not restarted)",
     e.SERVER_DIED_BEFORE_READY: "SGLang died before it was ready (restarted)",
     e.SERVER_DIED_AFTER_READY: "SGLang died while serving (restarted)",
     e.SERVER_START_TIMEOUT: "SGLang was not ready within startTimeoutSec (restarted)",
     e.SERVER_STALLED: "SGLang's start made no progress for stallTimeoutSec (restarted)",
+    e.SERVER_GPU_FAILED: "the GPU watch saw the instance's GPU fail while serving; SGLang was stopped "
+                         "(restarted)",
     e.INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
 COMMON = (e.OK, e.USAGE, e.INTERRUPTED)  # every command
 PREFLIGHT = (e.PREFLIGHT_TORCH, e.PREFLIGHT_KERNEL, e.PREFLIGHT_GRAMMAR, e.PREFLIGHT_SOUNDFILE,
              e.PREFLIGHT_NATIVE, e.PREFLIGHT_DRIVER, e.PREFLIGHT_SGLANG, e.PREFLIGHT_GPU_BUSY,
-             e.PREFLIGHT_MODEL_MISSING, e.PREFLIGHT_MODEL_PAIR)
+             e.PREFLIGHT_MODEL_MISSING, e.PREFLIGHT_MODEL_PAIR, e.PREFLIGHT_GPU_FAULT)
 
 BY_COMMAND: dict[str, dict[int, str | None]] = {
     "lock": {e.FAILED: "the lock is stale or was edited, the resolution failed, or the resolved stack "
@@ -65,7 +68,7 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
     "validate": {e.CONFIG: None, e.PREFLIGHT_MODEL_PAIR: "--models: the model pair does not fit"},
     "serve": {e.CONFIG: None, **{c: None for c in PREFLIGHT}, e.SERVER_DIED_BEFORE_READY: None,
               e.SERVER_DIED_AFTER_READY: None, e.SERVER_START_TIMEOUT: None, e.SERVER_STALLED: None,
-              e.OUTPUT: "--log-file cannot be written"},
+              e.SERVER_GPU_FAILED: None, e.OUTPUT: "--log-file cannot be written"},
     "unit": {e.CONFIG: "the settings are invalid, or a path the unit needs is one its sandbox hides",
              e.OUTPUT: None},
     "router": {e.CONFIG: None, e.FAILED: "--sync: the running router refused a change"},

@@ -10,7 +10,7 @@ import sys
 import time
 
 from dflashctl import cli_help, errors, output
-from dflashctl.cli_help import positive_float
+from dflashctl.cli_help import positive_float, positive_int
 from dflashctl.host import fingerprint, gpus, hub_cache, kernels
 from dflashctl.lock import locate, lockfile
 
@@ -34,6 +34,9 @@ def register(subparsers) -> None:
     p.add_argument("--record-nvml", metavar="FILE",
                    help=f"also save NVML's answers (GPU memory, utilization, processes) as a recording "
                         f"that {gpus.REPLAY_ENV}=FILE replays")
+    p.add_argument("--expect-gpus", type=positive_int, metavar="N",
+                   help="the number of GPUs this host has: a GPU NVML no longer counts (fallen off the bus "
+                        "after a driver reload) fails its health check")
     p.add_argument("--kernels", metavar="DIR", default=os.environ.get(kernels.PREBUILT_ENV),
                    help=f"prebuilt kernel directory to check against this GPU (default ${kernels.PREBUILT_ENV})")
     p.add_argument("--model-config", action="append", default=[], metavar="PATH",
@@ -83,7 +86,8 @@ def run(args) -> int:
         lockfile.load(args.lock)
     configs = kernels.model_configs(args.model_config, False)
     print(f"dflashctl doctor: probing {args.python} …", file=sys.stderr)
-    fp = fingerprint.build(args.python, args.lock, args.timeout, args.kernels or "", configs)
+    fp = fingerprint.build(args.python, args.lock, args.timeout, args.kernels or "", configs,
+                           expected_gpus=args.expect_gpus)
     if args.model:
         env = dict(os.environ, **({"HF_HOME": args.hf_home} if args.hf_home else {}))
         fp["models"] = [hub_cache.inspect(env, *_repo_rev(m)).to_json() for m in args.model]

@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 
 from dflashctl import __version__, inputs
 from dflashctl.errors import INPUT, DflashError
-from dflashctl.host import driver, gpus, kernels, probes
+from dflashctl.host import driver, gpu_health, gpus, kernels, probes
 from dflashctl.lock import locate, lockfile
 from dflashctl.systems import current_system
 
@@ -164,13 +164,15 @@ def doctor_checks(results: dict, lock: dict, python_version: str, python: str = 
 
 def build(python: str = sys.executable, lock_path: Path | str | None = None,
           timeout: float = 30.0, kernels_dir: str | None = None,
-          model_configs: dict[str, dict] | None = None, background: bool = False) -> dict:
+          model_configs: dict[str, dict] | None = None, background: bool = False,
+          expected_gpus: int | None = None) -> dict:
     """Probe `python` and this host; the fingerprint as a JSON-ready dict. The probes see the
     driver the way serve's SGLang child will: through driver discovery's link directory. Without
     `lock_path`, the lock this dflashctl belongs to (lock/locate.py). The prebuilt kernels checked
     are `kernels_dir` (default $DFLASH_PREBUILT_KERNELS) for `model_configs` (default: the smoke's
     target), so doctor's and smoke's fingerprints hold the same checks. `background`: the probes
-    yield the CPU to whatever else runs (smoke probes while its servers import)."""
+    yield the CPU to whatever else runs (smoke probes while its servers import). `expected_gpus`:
+    how many GPUs the host has; NVML counting fewer fails that GPU's health check."""
     env, found = driver.locate(dict(os.environ))
     results = probes.run_probes(python, DOCTOR_PROBES, timeout, env, background)
     py = results.pop("python")
@@ -184,6 +186,7 @@ def build(python: str = sys.executable, lock_path: Path | str | None = None,
     checks = doctor_checks(results, lock, py["facts"]["version"], py["facts"].get("executable", python),
                            driver.check(found))
     checks.append(gpus.doctor_check(gpu))
+    checks += gpu_health.doctor_checks(gpu, expected_gpus)
     if kernels_dir is None:
         kernels_dir = os.environ.get(kernels.PREBUILT_ENV)
     if model_configs is None:

@@ -1,11 +1,14 @@
 """`dflashctl diff A.json B.json [C.json ...]`: how hosts' saved fingerprints differ, what breaks first.
 
-Differences come in four groups: failures (checks that fail on one host only, in doctor's
-root-cause order, each with its fix), ABI-breaking ones (a wheel built against one of these will not
-load against the other: torch's CUDA line, the kernel package versus torch, the driver, the names
-SGLang imports from the grammar backend), then models whose cached commit differs (the hosts serve
-other weights), then package versions, then everything else. Exit errors.FAILED when a failure,
-an ABI-breaking difference or a model difference exists.
+Differences come in groups: failures (checks that fail on one host only, in doctor's root-cause
+order, each with its fix), GPU health figures (ECC counts, row remaps, retired pages, recovery
+action, PCIe link, per GPU; between two runs of one host the same board, matched by UUID, shows
+what is new since the first: new uncorrected errors, a remap pending or failed), ABI-breaking ones
+(a wheel built against one of these will not load against the other: torch's CUDA line, the kernel
+package versus torch, the driver, the names SGLang imports from the grammar backend), then models
+whose cached commit differs (the hosts serve other weights), then package versions, then everything
+else. Exit errors.FAILED when a failure, a board that got worse, an ABI-breaking difference or a
+model difference exists.
 
 Three or more files (a fleet): one table of the items on which some hosts differ from the majority,
 each with the majority's value and every host that differs, in the same group order.
@@ -16,8 +19,8 @@ import json
 from dflashctl import cli_help, errors, output
 from dflashctl.host import fingerprint, probes, symbols
 
-FAILURE, ABI, SERVING, VERSION, OTHER = "failure", "abi", "serving", "version", "other"
-GROUPS = (FAILURE, ABI, SERVING, VERSION, OTHER)
+FAILURE, HEALTH, ABI, SERVING, VERSION, OTHER = "failure", "gpu-health", "abi", "serving", "version", "other"
+GROUPS = (FAILURE, HEALTH, ABI, SERVING, VERSION, OTHER)
 
 
 def dig(fp: dict, path: str):
@@ -106,6 +109,73 @@ def _gpus(fp: dict):
     return "; ".join(f"{g['name']} {g['compute_capability']} {g['memory_mib']} MiB" for g in gpus) if gpus else None
 
 
+# GPU health figures diff compares: (label, path in a GPU's health figures, which way is worse).
+HEALTH_ITEMS = [
+    ("uncorrected ECC errors since reset", "ecc_errors.uncorrected_volatile", +1),
+    ("uncorrected ECC errors, lifetime", "ecc_errors.uncorrected_aggregate", +1),
+    ("corrected ECC errors, lifetime", "ecc_errors.corrected_aggregate", 0),
+    ("rows remapped for uncorrectable errors", "remapped_rows.uncorrectable", +1),
+    ("rows remapped for correctable errors", "remapped_rows.correctable", 0),
+    ("row remap pending", "remapped_rows.pending", +1),
+    ("row remap failed", "remapped_rows.failure", +1),
+    ("pages retired (double-bit)", "retired_pages.double_bit", +1),
+    ("pages retired (single-bit)", "retired_pages.multiple_single_bit", 0),
+    ("pages waiting to be retired", "retired_pages_pending", +1),
+    ("recovery action", "recovery_action", +1),
+    ("PCIe link width", "pcie.width_current", -1),
+    ("PCIe link generation, maximum", "pcie.gen_max", -1),
+]
+
+
+def nvml_gpus(fp: dict) -> dict[str, dict]:
+    """A fingerprint's GPUs by UUID (index for those without one), lost ones included."""
+    snapshot = dig(fp, "gpus.facts") or {}
+    out = {}
+    if not isinstance(snapshot, dict):
+        return out
+    listed = [g for key in ("gpus", "unanswered") if isinstance(snapshot.get(key), list) for g in snapshot[key]]
+    for g in listed:  # a hand-edited or foreign file: only well-formed entries count
+        if isinstance(g, dict) and isinstance(g.get("index"), int):
+            uuid = g.get("uuid") if isinstance(g.get("uuid"), str) else None
+            out[uuid or f"index {g['index']}"] = dict(g, uuid=uuid)
+    return out
+
+
+def health_figure(gpu: dict, path: str):
+    node = gpu.get("health") or {}
+    for key in path.split("."):
+        node = node.get(key) if isinstance(node, dict) else None
+    return node.get("value") if isinstance(node, dict) and node.get("rc") == 0 else None
+
+
+def health_differences(a: dict, b: dict) -> list[dict]:
+    """Per GPU, the health figures that differ. The same board in both (its UUID) gets `worse` when
+    a figure moved the bad way since A: new uncorrected errors since last time, a remap pending."""
+    ga, gb = nvml_gpus(a), nvml_gpus(b)
+    same = {k for k in set(ga) & set(gb) if not k.startswith("index ")}
+    pairs = [(ga.pop(k), gb.pop(k), True) for k in sorted(same, key=lambda k: gb[k]["index"])]
+    # The rest by index: on one host (a GPU lost since A has no UUID to match) still the same board.
+    one_host = dig(a, "host.hostname") is not None and dig(a, "host.hostname") == dig(b, "host.hostname")
+    by_a, by_b = ({g["index"]: g for g in x.values()} for x in (ga, gb))
+    pairs += [(by_a.get(i), by_b.get(i), one_host) for i in sorted(set(by_a) | set(by_b))]
+    pairs.sort(key=lambda p: (p[1] or p[0])["index"])
+    rows = []
+    for ea, eb, board in pairs:
+        gpu = eb or ea
+        name = f"GPU {gpu['index']}" + (f" ({gpu['uuid'][:12]}…)" if board and gpu.get("uuid") else "")
+        answers = [None if e is None else "rc" not in e for e in (ea, eb)]
+        if answers[0] != answers[1]:
+            rows.append({"group": HEALTH, "item": f"{name} answers NVML", "a": answers[0], "b": answers[1],
+                         "worse": board and answers[0] is True and answers[1] is False})
+        for label, path, bad in HEALTH_ITEMS:
+            va, vb = (health_figure(e, path) if e else None for e in (ea, eb))
+            if va == vb:
+                continue
+            worse = board and isinstance(va, int) and isinstance(vb, int) and bad and (vb - va) * bad > 0
+            rows.append({"group": HEALTH, "item": f"{name} {label}", "a": va, "b": vb, "worse": bool(worse)})
+    return rows
+
+
 def failures(a: dict, b: dict) -> list[dict]:
     """Checks that fail on one side only, in the failing side's (root-cause) order, with its fix."""
     checks_a = {c["name"]: c for c in a.get("checks", [])}
@@ -143,7 +213,8 @@ def differences(a: dict, b: dict) -> list[dict]:
                 for n in sorted(set(checks_a) | set(checks_b)) if checks_a.get(n) != checks_b.get(n)
                 and "fail" not in (checks_a.get(n), checks_b.get(n))]
     abi = [r for r in rows if r["group"] == ABI]
-    return failed + abi + model_differences(a, b) + versions + [r for r in rows if r["group"] == OTHER] + statuses
+    return (failed + health_differences(a, b) + abi + model_differences(a, b) + versions
+            + [r for r in rows if r["group"] == OTHER] + statuses)
 
 
 def model_differences(a: dict, b: dict) -> list[dict]:
@@ -165,7 +236,7 @@ def shown(value) -> str:
 def render(rows: list[dict], name_a: str, name_b: str) -> str:
     if not rows:
         return f"no differences between {name_a} and {name_b}\n"
-    titles = {FAILURE: "failures, root cause first", ABI: "ABI-breaking",
+    titles = {FAILURE: "failures, root cause first", HEALTH: "GPU health figures", ABI: "ABI-breaking",
               SERVING: "serving other weights", VERSION: "versions", OTHER: "other"}
     wi = max(len(r["item"]) for r in rows)
     wa = max(len(name_a), *(len(shown(r["a"])) for r in rows))
@@ -178,6 +249,8 @@ def render(rows: list[dict], name_a: str, name_b: str) -> str:
                   f"  {'':<{wi}}  {name_a:<{wa}}  {name_b}"]
         for r in part:
             lines.append(f"  {r['item']:<{wi}}  {shown(r['a']):<{wa}}  {shown(r['b'])}")
+            if r.get("worse"):
+                lines.append(f"  {'':<{wi}}  worse on this board since {name_a}")
             if group == FAILURE:
                 host = name_b if r["fails_on"] == "b" else name_a
                 lines.append(f"  {'':<{wi}}  on {host}: {r['summary']}")
@@ -197,6 +270,9 @@ def host_values(fp: dict) -> dict[str, tuple[str, object]]:
     for m in fp.get("models") or []:
         if isinstance(m, dict) and "repo_id" in m:
             out[f"{m['repo_id']} commit"] = (SERVING, m.get("commit"))
+    for gpu in nvml_gpus(fp).values():
+        for label, path, _ in HEALTH_ITEMS:
+            out[f"GPU {gpu['index']} {label}"] = (HEALTH, health_figure(gpu, path))
     return out
 
 
@@ -232,7 +308,7 @@ def render_fleet(rows: list[dict], names: list[str]) -> str:
     if not rows:
         return f"no differences among the {len(names)} hosts\n"
     odd = sorted({h for r in rows for h in r["differs"]}, key=names.index)
-    titles = {FAILURE: "failures", ABI: "ABI-breaking", SERVING: "serving other weights",
+    titles = {FAILURE: "failures", HEALTH: "GPU health", ABI: "ABI-breaking", SERVING: "serving other weights",
               VERSION: "versions", OTHER: "other"}
     wi = max(len(r["item"]) for r in rows)
     wm = max(len("majority"), *(len(shown(r["majority"])) for r in rows))
@@ -290,9 +366,11 @@ def run(args) -> int:
     abi = any(r["group"] == ABI for r in rows)
     failed = any(r["group"] == FAILURE for r in rows)
     serving = any(r["group"] == SERVING for r in rows)
+    worse = any(r.get("worse") for r in rows)
     if args.json:
         output.print_json({"a": pa, "b": pb, "abi_breaking": abi, "failures": failed,
-                           "serving_other_weights": serving, "differences": rows}, sort_keys=True)
+                           "serving_other_weights": serving, "gpu_worse": worse, "differences": rows},
+                          sort_keys=True)
     else:
         output.emit(render(rows, pa, pb))
-    return errors.FAILED if abi or failed or serving else errors.OK
+    return errors.FAILED if abi or failed or serving or worse else errors.OK

@@ -10,7 +10,14 @@ at the libnvidia-ml it found. The answers are plain data and can be saved as a r
               "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-...", "compute_capability": "9.0",
                         "memory_mib": {"total": 143771, "free": ..., "used": ...},
                         "utilization_percent": {"gpu": 0, "memory": 0} | null,
-                        "processes": [{"pid": 4242, "name": "python3", "used_mib": 122880}] | null}]}}
+                        "processes": [{"pid": 4242, "name": "python3", "used_mib": 122880}] | null,
+                        "health": {figure: {"rc": 0, "value": ...} | {"rc": 3, "error": "NOT_SUPPORTED"}}}],
+              "unanswered": [{"index": 1, "rc": 15, "error": "GPU 1 name: GPU is lost (NVML error 15)"}],
+              "count": 2}}
+
+`health` holds each GPU's health figures with NVML's return code (host/gpu_health.py judges them);
+a GPU that does not answer (lost) is under `unanswered`, so the others are still read. Recordings
+made before either was read lack them.
 
 `dflashctl doctor --record-nvml FILE` writes one; DFLASHCTL_NVML_REPLAY=FILE makes doctor and
 serve read that file instead of NVML (tests; looking at another host's answers).
@@ -242,12 +249,14 @@ def check_claim(result: dict, indices: list[int], fraction: float, how: str,
 def doctor_check(result: dict) -> probes.Check:
     """What doctor says about every GPU: free memory, utilization and who else computes on it."""
     if not result.get("ok"):
-        return probes.warn("gpus", f"GPU memory and processes not read: {probes.failure_text(result)}",
+        return probes.warn("gpus", f"GPU memory, processes and health not read: {probes.failure_text(result)}",
                            "see the driver check", **probes.evidence(result))
     gpus = result["facts"]["gpus"]
     used = [g for g in gpus if g.get("processes")]
-    summary = "; ".join(f"GPU {g['index']} {_mib(g['memory_mib']['free'])} free of "
-                        f"{_mib(g['memory_mib']['total'])}" for g in gpus) or "no GPUs"
+    summary = "; ".join([f"GPU {g['index']} {_mib(g['memory_mib']['free'])} free of "
+                         f"{_mib(g['memory_mib']['total'])}" for g in gpus]
+                        + [f"GPU {g['index']} does not answer (see gpu-health:{g['index']})"
+                           for g in result["facts"].get("unanswered") or []]) or "no GPUs"
     if used:
         return probes.warn("gpus", summary + " — in use: " + "; ".join(
             f"GPU {g['index']}: {describe_processes(g)}" for g in used),
@@ -268,6 +277,8 @@ def render_lines(result: dict) -> list[str]:
                      f"{len(g.get('processes') or [])} compute process(es)")
         for p in g.get("processes") or []:
             lines.append(f"       pid {p['pid']} {p.get('name') or '(name unknown)'}: {p.get('used_mib')} MiB")
+    for g in result["facts"].get("unanswered") or []:
+        lines.append(f"gpu {g['index']}: does not answer: {g.get('error')}")
     if result.get("replayed"):
         lines.append(f"(NVML answers replayed from {result['replayed']})")
     return lines

@@ -236,7 +236,7 @@ def coverage(root: str | Path, arch: str, configs: dict[str, dict]) -> tuple[boo
                          f"(first {m[0][1]}{tuple(m[0][2])})" for label, m in missing.items())
         return False, f"compute capability {arch_version(arch)} is built, but not every shape: {text}"
     triton = index.get("triton", {}).get(arch_version(arch))
-    triton_text = (f", {len(triton)} Triton kernel(s)" if triton else
+    triton_text = (f", {len(triton)} Triton kernel(s){_carried_text(index, arch)}" if triton else
                    ", no Triton kernels (they compile at the first start)")
     return True, (f"compute capability {arch_version(arch)}, {len(configs)} model shape(s): every "
                   f"module prebuilt{triton_text}")
@@ -324,11 +324,12 @@ def not_built(failures: list[tuple[str, dict]], what: str, name_of) -> DflashErr
 
 def build_triton(python: str, out: Path, archs: list[str], record_files: list[str], smoke: bool,
                  env: dict[str, str]) -> None:
-    """Triton's recorded kernels for each arch into `out`/triton, noted in the index."""
+    """Triton's recorded kernels for each arch into `out`/triton, noted in the index: each arch's
+    own records, and those of the other archs carried to it where they can be (triton_kernels.carry)."""
     index = read_index(out) or {"format": INDEX_FORMAT, "built": {}}
     failed = []
     archs = [arch_version(a) for a in archs]
-    files = [Path(f) for f in record_files] + [f for a in archs if smoke for f in triton_kernels.smoke_records(a)]
+    files = [Path(f) for f in record_files] + (triton_kernels.shipped_records() if smoke else [])
     records = triton_kernels.read_records(files)  # each record names its arch; build takes that arch's
     if not records:
         return
@@ -336,7 +337,8 @@ def build_triton(python: str, out: Path, archs: list[str], record_files: list[st
         stub = libcuda_stub(env, Path(scratch), always=True)
         for arch in archs:
             started = time.monotonic()
-            done = triton_kernels.build(python, out, arch, records, env, stub)
+            carried, left_out = triton_kernels.carry(records, arch)
+            done = triton_kernels.build(python, out, arch, records + carried, env, stub)
             if not any(done.values()):
                 continue
             if done["stale"]:
@@ -346,12 +348,32 @@ def build_triton(python: str, out: Path, archs: list[str], record_files: list[st
                       file=sys.stderr, flush=True)
             triton = index.setdefault("triton", {})
             triton[arch] = sorted(set(done["built"]) | set(triton.get(arch, [])))
+            if carried or left_out:
+                index.setdefault("triton_carried", {})[arch] = {
+                    "from": sorted({_arch_of(c["carried_from"]["arch"]) for c in carried}
+                                   | {_arch_of(x["from"]) for x in left_out}),
+                    "kernels": done["carried"], "left_out": left_out}
             failed += [(arch, r) for r in done["failed"]]
-            print(f"kernels: {arch}: Triton {len(done['built'])}/{sum(map(len, done.values()))} "
-                  f"kernels in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+            print(f"kernels: {arch}: Triton {len(done['built'])}/{sum(len(v) for k, v in done.items() if k != 'carried')} "
+                  f"kernels in {time.monotonic() - started:.0f} s{_carried_text(index, arch)}", file=sys.stderr, flush=True)
     write_index(out, index)
     if failed:
         raise not_built(failed, "recorded Triton kernel(s)", lambda r: r.get("kernel") or r.get("helper"))
+
+
+def _arch_of(cap: int) -> str:
+    return f"{cap // 10}.{cap % 10}"
+
+
+def _carried_text(index: dict, arch: str) -> str:
+    """What of `arch`'s Triton kernels came from another arch's recording, and what did not."""
+    c = (index.get("triton_carried") or {}).get(arch_version(arch))
+    if not c:
+        return ""
+    names = sorted({x["kernel"].rsplit(".", 1)[-1] for x in c["left_out"]})
+    left = (f"; {len(c['left_out'])} left out, their specialisation depends on the GPU "
+            f"({', '.join(names)}): they compile at the first start") if c["left_out"] else ""
+    return f" ({len(c['kernels'])} carried over from the {', '.join(c['from'])} recording{left})"
 
 
 def read_config(path: str) -> dict:

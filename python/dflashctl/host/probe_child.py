@@ -16,6 +16,7 @@ import importlib.metadata as metadata
 import json
 import os
 import sys
+import time
 import traceback
 
 # What SGLang 0.5.11 imports from each grammar backend at start-up (srt/constrained/*_backend.py).
@@ -30,6 +31,7 @@ GRAMMAR_NAMES = {
                  "outlines.models.transformers": ["TransformerTokenizer"]},
 }
 GRAMMAR_DIST = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines": "outlines"}
+RESULT_FD = 1  # main() points it at the private copy of stdout the result goes to
 
 
 def version(dist):
@@ -160,140 +162,338 @@ def probe_native(name, facts):
         facts["cuda_driver_api"] = f"{v.value // 1000}.{v.value % 1000 // 10}" if rc == 0 else None
 
 
-def probe_driver(_, facts):
-    """The driver and its GPUs through NVML, which needs no CUDA runtime and no torch."""
-    nvml, _path = load_library("libnvidia-ml.so.1")
+# ------------------------------------------------------------------------------------------ NVML
+# The one NVML reader: doctor's driver and gpus probes, serve's preflight, the stall detector and the
+# GPU watch while serving all read the driver through it. A figure keeps NVML's return code with its
+# value, so a GPU that lacks one, or has fallen off the bus, is a fact and not an exception.
 
-    def check(rc, what):
+NVML_ERRORS = {0: "SUCCESS", 1: "UNINITIALIZED", 2: "INVALID_ARGUMENT", 3: "NOT_SUPPORTED", 4: "NO_PERMISSION",
+               7: "INSUFFICIENT_SIZE", 9: "DRIVER_NOT_LOADED", 10: "TIMEOUT", 13: "FUNCTION_NOT_FOUND",
+               15: "GPU_IS_LOST", 16: "RESET_REQUIRED", 999: "UNKNOWN"}
+INSUFFICIENT_SIZE, TIMEOUT, FUNCTION_NOT_FOUND = 7, 10, 13
+XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError (nvml.h)
+RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: none / reset / reboot / drain
+
+
+class PciInfo(ctypes.Structure):  # nvmlPciInfo_t
+    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
+                ("busId", ctypes.c_char * 32)]
+
+
+class FieldValue(ctypes.Structure):  # nvmlFieldValue_t; `value` is the nvmlValue_t union's widest member
+    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
+                ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int),
+                ("value", ctypes.c_ulonglong)]
+
+
+class EventData(ctypes.Structure):  # nvmlEventData_t
+    _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong), ("eventData", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class Memory(ctypes.Structure):  # nvmlMemory_t
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class Utilization(ctypes.Structure):  # nvmlUtilization_t
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class Process(ctypes.Structure):  # nvmlProcessInfo_t (v2/v3)
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class Nvml:
+    """libnvidia-ml at `library` (a soname or a path: host/gpus.py passes the one driver discovery
+    found). `call` returns NVML's code; a function this library lacks is FUNCTION_NOT_FOUND."""
+
+    def __init__(self, library):
+        self.lib = ctypes.CDLL(library)
+        self.path = (loaded_libraries("libnvidia-ml") or [library])[0]
+        self.lib.nvmlErrorString.restype = ctypes.c_char_p
+
+    def call(self, name, *args):
+        fn = getattr(self.lib, name, None)
+        return FUNCTION_NOT_FOUND if fn is None else fn(*args)
+
+    def newest(self, names, *args):
+        """The first of `names` (newest API first) this library has."""
+        for name in names:
+            if getattr(self.lib, name, None) is not None:
+                return self.call(name, *args)
+        return FUNCTION_NOT_FOUND
+
+    def error(self, rc):
+        text = self.lib.nvmlErrorString(rc)
+        return f"{text.decode() if text else NVML_ERRORS.get(rc, 'Unknown Error')} (NVML error {rc})"
+
+    def check(self, what, name, *args):
+        rc = self.call(name, *args)
         if rc != 0:
-            nvml.nvmlErrorString.restype = ctypes.c_char_p
-            raise RuntimeError(f"{what}: {nvml.nvmlErrorString(rc).decode()} (NVML error {rc})")
+            raise RuntimeError(f"{what}: {self.error(rc)}")
 
-    check(nvml.nvmlInit_v2(), "nvmlInit")
-    buf = ctypes.create_string_buffer(96)
-    check(nvml.nvmlSystemGetDriverVersion(buf, 96), "driver version")
-    facts.update({"version": buf.value.decode()})
-    cuda = ctypes.c_int(0)
-    check(nvml.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(cuda)), "CUDA version")
-    facts["cuda"] = f"{cuda.value // 1000}.{cuda.value % 1000 // 10}"
-    count = ctypes.c_uint(0)
-    check(nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)), "device count")
-    facts["gpus"] = []
+    def text(self, name, handle, size=96):
+        buf = ctypes.create_string_buffer(size)
+        rc = self.call(name, handle, buf, size)
+        return rc, buf.value.decode(errors="replace")
 
-    class Memory(ctypes.Structure):
-        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
-    for i in range(count.value):
-        handle = ctypes.c_void_p()
-        check(nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)), f"GPU {i}")
-        check(nvml.nvmlDeviceGetName(handle, buf, 96), f"GPU {i} name")
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        check(nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)),
-              f"GPU {i} compute capability")
-        mem = Memory()
-        check(nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)), f"GPU {i} memory")
-        facts["gpus"].append({"index": i, "name": buf.value.decode(),
-                              "compute_capability": f"{major.value}.{minor.value}",
-                              "memory_mib": mem.total // 2**20})
-    nvml.nvmlShutdown()
+def figure(rc, value=None):
+    """One NVML answer: {"rc": 0, "value": ...}, or {"rc": N, "error": NAME} when it gave none."""
+    return {"rc": 0, "value": value} if rc == 0 else {"rc": rc, "error": NVML_ERRORS.get(rc, str(rc))}
+
+
+def read_health(nvml, handle):
+    """Every figure a GPU health check reads, each with its return code, in the shape of
+    tests/data/gpus/h200-health.json (benchmarks/gpu/nvml_health.py). Masks are hex strings."""
+    ref, uint, ull = ctypes.byref, ctypes.c_uint, ctypes.c_ulonglong
+    health = {}
+    pci = PciInfo()
+    rc = nvml.newest(("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2"), handle, ref(pci))
+    health["pci"] = figure(rc, {"busId": pci.busId.decode(errors="replace"), "pciDeviceId": hex(pci.pciDeviceId)})
+    current, pending = uint(), uint()
+    rc = nvml.call("nvmlDeviceGetEccMode", handle, ref(current), ref(pending))
+    health["ecc_mode"] = figure(rc, {"current": current.value, "pending": pending.value})
+    health["ecc_errors"] = {}
+    for kind, kind_name in ((0, "corrected"), (1, "uncorrected")):  # nvmlMemoryErrorType_t
+        for counter, counter_name in ((0, "volatile"), (1, "aggregate")):  # nvmlEccCounterType_t
+            n = ull()
+            rc = nvml.call("nvmlDeviceGetTotalEccErrors", handle, kind, counter, ref(n))
+            health["ecc_errors"][f"{kind_name}_{counter_name}"] = figure(rc, n.value)
+    rows = [uint() for _ in range(4)]
+    rc = nvml.call("nvmlDeviceGetRemappedRows", handle, *(ref(r) for r in rows))
+    health["remapped_rows"] = figure(rc, dict(zip(("correctable", "uncorrectable", "pending", "failure"),
+                                                  (r.value for r in rows))))
+    health["retired_pages"] = {}
+    for cause, cause_name in ((0, "multiple_single_bit"), (1, "double_bit")):  # nvmlPageRetirementCause_t
+        n = uint(0)  # a size query: INSUFFICIENT_SIZE only says that there are pages
+        rc = nvml.call("nvmlDeviceGetRetiredPages", handle, cause, ref(n), None)
+        health["retired_pages"][cause_name] = figure(0 if rc == INSUFFICIENT_SIZE else rc, n.value)
+    flag = uint()
+    health["retired_pages_pending"] = figure(nvml.call("nvmlDeviceGetRetiredPagesPendingStatus", handle,
+                                                       ref(flag)), flag.value)
+    for key, names in (("clock_event_reasons", ("nvmlDeviceGetCurrentClocksEventReasons",
+                                                "nvmlDeviceGetCurrentClocksThrottleReasons")),
+                       ("clock_event_reasons_supported", ("nvmlDeviceGetSupportedClocksEventReasons",
+                                                          "nvmlDeviceGetSupportedClocksThrottleReasons"))):
+        mask = ull()
+        health[key] = figure(nvml.newest(names, handle, ref(mask)), hex(mask.value))
+    health["pcie"] = {}
+    for key, name in (("gen_current", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                      ("gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                      ("gen_gpu_max", "nvmlDeviceGetGpuMaxPcieLinkGeneration"),
+                      ("width_current", "nvmlDeviceGetCurrPcieLinkWidth"),
+                      ("width_max", "nvmlDeviceGetMaxPcieLinkWidth")):
+        v = uint()
+        health["pcie"][key] = figure(nvml.call(name, handle, ref(v)), v.value)
+    t, p = uint(), uint()
+    health["temperature_c"] = figure(nvml.call("nvmlDeviceGetTemperature", handle, 0, ref(t)), t.value)
+    health["power_mw"] = figure(nvml.call("nvmlDeviceGetPowerUsage", handle, ref(p)), p.value)
+    health["recovery_action"] = recovery_action(nvml, handle)
+    return health
+
+
+def recovery_action(nvml, handle):
+    """What the driver says the GPU needs (0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset)."""
+    value = FieldValue(fieldId=RECOVERY_ACTION_FIELD)
+    rc = nvml.call("nvmlDeviceGetFieldValues", handle, 1, ctypes.byref(value))
+    rc = rc or value.nvmlReturn
+    width = {1: 0xFFFFFFFF, 5: 0xFFFFFFFF, 6: 0xFFFF}.get(value.valueType, 2**64 - 1)  # uint, int, ushort
+    return figure(rc, value.value & width)
+
+
+def watch_figures(nvml, handle):
+    """What the GPU watch reads each second: the figures whose change ends an instance."""
+    ref, uint, ull = ctypes.byref, ctypes.c_uint, ctypes.c_ulonglong
+    n = ull()
+    rc = nvml.call("nvmlDeviceGetTotalEccErrors", handle, 1, 0, ref(n))
+    out = {"ecc_errors": {"uncorrected_volatile": figure(rc, n.value)}}
+    rows = [uint() for _ in range(4)]
+    rc = nvml.call("nvmlDeviceGetRemappedRows", handle, *(ref(r) for r in rows))
+    out["remapped_rows"] = figure(rc, dict(zip(("correctable", "uncorrectable", "pending", "failure"),
+                                               (r.value for r in rows))))
+    out["recovery_action"] = recovery_action(nvml, handle)
+    return out
+
+
+def gpu_processes(nvml, handle, nested_pid_namespace):
+    fn = "nvmlDeviceGetComputeRunningProcesses_v3"
+    if getattr(nvml.lib, fn, None) is None:
+        fn = "nvmlDeviceGetComputeRunningProcesses_v2"
+    count, infos = ctypes.c_uint(0), None
+    rc = nvml.call(fn, handle, ctypes.byref(count), None)
+    while rc == INSUFFICIENT_SIZE:  # count now says how many
+        count = ctypes.c_uint(count.value + 4)
+        infos = (Process * count.value)()
+        rc = nvml.call(fn, handle, ctypes.byref(count), infos)
+    if rc != 0:
+        raise RuntimeError(f"compute processes: {nvml.error(rc)}")
+    out = []
+    for info in (infos[:count.value] if infos is not None else []):
+        used = None if info.usedGpuMemory >= 2**64 - 1 else info.usedGpuMemory // 2**20
+        out.append({"pid": info.pid, "name": process_name(nvml, info.pid, nested_pid_namespace), "used_mib": used})
+    return out
+
+
+def process_name(nvml, pid, nested_pid_namespace):
+    buf = ctypes.create_string_buffer(256)
+    if nvml.call("nvmlSystemGetProcessName", ctypes.c_uint(pid), buf, 256) == 0 and buf.value:
+        return buf.value.decode(errors="replace")
+    if nested_pid_namespace:  # NVML's pids may be the host's: /proc here could name another process
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode(errors="replace") or None
+    except OSError:
+        return None
+
+
+def read_gpu(nvml, i, nested_pid_namespace):
+    """One GPU: identity, memory, utilization, compute processes, health. A GPU that does not answer
+    (lost: NVML_ERROR_GPU_IS_LOST) comes back with its return code and error instead of memory."""
+    gpu = {"index": i}
+    handle = ctypes.c_void_p()
+    rc = nvml.call("nvmlDeviceGetHandleByIndex_v2", i, ctypes.byref(handle))
+    if rc != 0:
+        return dict(gpu, rc=rc, error=f"GPU {i}: {nvml.error(rc)}")
+    for key, name in (("name", "nvmlDeviceGetName"), ("uuid", "nvmlDeviceGetUUID")):
+        rc, gpu[key] = nvml.text(name, handle)
+        if rc != 0:
+            gpu[key] = None
+            return dict(gpu, rc=rc, error=f"GPU {i} {key}: {nvml.error(rc)}", health=read_health(nvml, handle))
+    major, minor = ctypes.c_int(), ctypes.c_int()  # which prebuilt kernels fit it (smoke's prewarm)
+    if nvml.call("nvmlDeviceGetCudaComputeCapability", handle, ctypes.byref(major), ctypes.byref(minor)) == 0:
+        gpu["compute_capability"] = f"{major.value}.{minor.value}"
+    mem = Memory()
+    rc = nvml.call("nvmlDeviceGetMemoryInfo", handle, ctypes.byref(mem))
+    if rc != 0:
+        return dict(gpu, rc=rc, error=f"GPU {i} memory: {nvml.error(rc)}", health=read_health(nvml, handle))
+    gpu["memory_mib"] = {"total": mem.total // 2**20, "free": mem.free // 2**20, "used": mem.used // 2**20}
+    util = Utilization()  # not supported on every GPU (MIG): None, not a failure
+    ok = nvml.call("nvmlDeviceGetUtilizationRates", handle, ctypes.byref(util)) == 0
+    gpu["utilization_percent"] = {"gpu": util.gpu, "memory": util.memory} if ok else None
+    try:
+        gpu["processes"] = gpu_processes(nvml, handle, nested_pid_namespace)
+    except RuntimeError as e:
+        gpu["processes"], gpu["processes_error"] = None, str(e)
+    gpu["health"] = read_health(nvml, handle)
+    return gpu
+
+
+def in_nested_pid_namespace():
+    try:  # "NSpid: 1234 7" in a container: this process is 7 in its own PID namespace
+        with open("/proc/self/status") as f:
+            return any(len(line.split()) > 2 for line in f if line.startswith("NSpid:"))
+    except OSError:
+        return False
 
 
 def nvml_snapshot(library):
-    """Every GPU's memory, utilization and compute processes, read through NVML at `library` (a
-    soname or a path: host/gpus.py passes the one driver discovery found). The answers are plain
-    data, so host/gpus.py can save them as a recording and tests can replay them."""
-    nvml = ctypes.CDLL(library)
-    path = (loaded_libraries("libnvidia-ml") or [library])[0]
-    nvml.nvmlErrorString.restype = ctypes.c_char_p
-
-    def call(what, fn, *args):
-        rc = fn(*args)
-        if rc != 0:
-            raise RuntimeError(f"{what}: {nvml.nvmlErrorString(rc).decode()} (NVML error {rc})")
-
-    class Memory(ctypes.Structure):
-        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-    class Utilization(ctypes.Structure):
-        _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
-
-    class Process(ctypes.Structure):  # nvmlProcessInfo_t (v2/v3)
-        _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
-                    ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
-
-    def processes(handle):
-        fn = getattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v3", None) or \
-            nvml.nvmlDeviceGetComputeRunningProcesses_v2
-        count, infos = ctypes.c_uint(0), None
-        rc = fn(handle, ctypes.byref(count), None)
-        while rc == 7:  # NVML_ERROR_INSUFFICIENT_SIZE: count now says how many
-            count = ctypes.c_uint(count.value + 4)
-            infos = (Process * count.value)()
-            rc = fn(handle, ctypes.byref(count), infos)
-            if rc == 0:
-                break
-        if rc != 0:
-            raise RuntimeError(f"compute processes: {nvml.nvmlErrorString(rc).decode()} (NVML error {rc})")
-        out = []
-        for info in (infos[:count.value] if infos is not None else []):
-            used = None if info.usedGpuMemory >= 2**64 - 1 else info.usedGpuMemory // 2**20
-            out.append({"pid": info.pid, "name": process_name(info.pid), "used_mib": used})
-        return out
-
-    def process_name(pid):
-        buf = ctypes.create_string_buffer(256)
-        if nvml.nvmlSystemGetProcessName(ctypes.c_uint(pid), buf, 256) == 0 and buf.value:
-            return buf.value.decode(errors="replace")
-        if nested_pid_namespace:  # NVML's pids may be the host's: /proc here could name another process
-            return None
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                return f.read().split(b"\0")[0].decode(errors="replace") or None
-        except OSError:
-            return None
-
-    try:  # "NSpid: 1234 7" in a container: this process is 7 in its own PID namespace
-        with open("/proc/self/status") as f:
-            nested_pid_namespace = any(len(line.split()) > 2 for line in f if line.startswith("NSpid:"))
-    except OSError:
-        nested_pid_namespace = False
-    call("nvmlInit", nvml.nvmlInit_v2)
+    """Every GPU's identity, memory, utilization, compute processes and health figures, read through
+    NVML at `library`. GPUs that do not answer are listed under `unanswered`, with NVML's code, so
+    the others are still reported. The answers are plain data: host/gpus.py saves them as a
+    recording and tests replay them."""
+    nvml = Nvml(library)
+    nested = in_nested_pid_namespace()
+    nvml.check("nvmlInit", "nvmlInit_v2")
     buf = ctypes.create_string_buffer(96)
-    call("driver version", nvml.nvmlSystemGetDriverVersion, buf, 96)
+    nvml.check("driver version", "nvmlSystemGetDriverVersion", buf, 96)
     cuda = ctypes.c_int(0)
-    call("CUDA version", nvml.nvmlSystemGetCudaDriverVersion_v2, ctypes.byref(cuda))
-    snapshot = {"library": path, "driver": buf.value.decode(), "nested_pid_namespace": nested_pid_namespace,
-                "cuda": f"{cuda.value // 1000}.{cuda.value % 1000 // 10}", "gpus": []}
+    nvml.check("CUDA version", "nvmlSystemGetCudaDriverVersion_v2", ctypes.byref(cuda))
     count = ctypes.c_uint(0)
-    call("device count", nvml.nvmlDeviceGetCount_v2, ctypes.byref(count))
+    nvml.check("device count", "nvmlDeviceGetCount_v2", ctypes.byref(count))
+    snapshot = {"library": nvml.path, "driver": buf.value.decode(), "nested_pid_namespace": nested,
+                "cuda": f"{cuda.value // 1000}.{cuda.value % 1000 // 10}", "count": count.value,
+                "gpus": [], "unanswered": []}
     for i in range(count.value):
-        handle = ctypes.c_void_p()
-        call(f"GPU {i}", nvml.nvmlDeviceGetHandleByIndex_v2, i, ctypes.byref(handle))
-        gpu = {"index": i}
-        call(f"GPU {i} name", nvml.nvmlDeviceGetName, handle, buf, 96)
-        gpu["name"] = buf.value.decode()
-        call(f"GPU {i} UUID", nvml.nvmlDeviceGetUUID, handle, buf, 96)
-        gpu["uuid"] = buf.value.decode()
-        major, minor = ctypes.c_int(), ctypes.c_int()  # which prebuilt kernels fit it (smoke's prewarm)
-        if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) == 0:
-            gpu["compute_capability"] = f"{major.value}.{minor.value}"
-        mem = Memory()
-        call(f"GPU {i} memory", nvml.nvmlDeviceGetMemoryInfo, handle, ctypes.byref(mem))
-        gpu["memory_mib"] = {"total": mem.total // 2**20, "free": mem.free // 2**20, "used": mem.used // 2**20}
-        util = Utilization()  # not supported on every GPU (MIG): None, not a failure
-        ok = nvml.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(util)) == 0
-        gpu["utilization_percent"] = {"gpu": util.gpu, "memory": util.memory} if ok else None
-        try:
-            gpu["processes"] = processes(handle)
-        except RuntimeError as e:
-            gpu["processes"], gpu["processes_error"] = None, str(e)
-        snapshot["gpus"].append(gpu)
-    nvml.nvmlShutdown()
+        gpu = read_gpu(nvml, i, nested)
+        snapshot["unanswered" if "rc" in gpu else "gpus"].append(gpu)
+    nvml.call("nvmlShutdown")
     return snapshot
+
+
+def probe_driver(_, facts):
+    """The driver and its GPUs through NVML, which needs no CUDA runtime and no torch. A GPU that
+    does not answer is named under `unanswered`; the driver and the other GPUs are still reported."""
+    snap = nvml_snapshot("libnvidia-ml.so.1")  # by soname, as the dynamic loader finds it for CUDA
+    facts.update(version=snap["driver"], cuda=snap["cuda"], unanswered=snap["unanswered"])
+    facts["gpus"] = [{"index": g["index"], "name": g["name"], "compute_capability": g.get("compute_capability"),
+                      "memory_mib": g["memory_mib"]["total"]} for g in snap["gpus"]]
 
 
 def probe_gpus(library, facts):
     facts.update(nvml_snapshot(library or "libnvidia-ml.so.1"))
+
+
+def emit(event):
+    """One line on the result stream (probe_gpu_watch): flushed at once, the parent reads it live."""
+    os.write(RESULT_FD, (json.dumps(event, default=str) + "\n").encode())
+
+
+def probe_gpu_watch(arg, facts):
+    """Watch GPUs while an instance serves, until killed: `arg` is "INDICES;POLL_S" ("0,1;1.0").
+    One thread blocks in nvmlEventSetWait_v2 on a critical-XID event set, waking at least every
+    POLL_S seconds to read each GPU's watch figures; every XID, every change of a figure and a GPU
+    that stops answering is written as one JSON line (the parent decides what they mean). Reads
+    cost about 0.05 ms per GPU (tests/data/gpus/h200-health.json); nothing touches CUDA."""
+    indices_text, _, poll_text = arg.partition(";")
+    indices = [int(i) for i in indices_text.split(",") if i.strip()]
+    poll_ms = max(100, int(float(poll_text or "1.0") * 1000))
+    die_with_parent()
+    parent = os.getppid()
+    nvml = Nvml("libnvidia-ml.so.1")
+    nvml.check("nvmlInit", "nvmlInit_v2")
+    handles, by_handle, last = {}, {}, {}
+    event_set = ctypes.c_void_p()
+    set_rc = nvml.call("nvmlEventSetCreate", ctypes.byref(event_set))
+    start = {"event": "start", "poll_ms": poll_ms, "event_set": figure(set_rc), "gpus": []}
+    for i in indices:
+        handle = ctypes.c_void_p()
+        rc = nvml.call("nvmlDeviceGetHandleByIndex_v2", i, ctypes.byref(handle))
+        entry = {"index": i, "handle": figure(rc)}
+        if rc == 0:
+            handles[i], by_handle[handle.value] = handle, i
+            entry["name"] = nvml.text("nvmlDeviceGetName", handle)[1]
+            entry["uuid"] = nvml.text("nvmlDeviceGetUUID", handle)[1]
+            entry["health"] = read_health(nvml, handle)  # its PCI bus id names it; its figures, for the log
+            entry["xid_events"] = figure(nvml.call("nvmlDeviceRegisterEvents", handle,
+                                                   ctypes.c_ulonglong(XID_CRITICAL), event_set)
+                                         if set_rc == 0 else set_rc)
+            last[i] = watch_figures(nvml, handle)
+            entry["figures"] = last[i]
+        start["gpus"].append(entry)
+    emit(start)
+    data, wait_rc = EventData(), TIMEOUT
+    while os.getppid() == parent:
+        if set_rc == 0:
+            rc = nvml.call("nvmlEventSetWait_v2", event_set, ctypes.byref(data), poll_ms)
+        else:  # no event set: a poll alone, as often
+            time.sleep(poll_ms / 1000)
+            rc = TIMEOUT
+        if rc == 0:
+            emit({"event": "xid", "index": by_handle.get(data.device), "xid": data.eventData,
+                  "event_type": hex(data.eventType)})
+        elif rc != TIMEOUT:  # GPU_IS_LOST once a GPU fell off: the poll below names which one
+            if rc != wait_rc:
+                emit({"event": "wait", "rc": rc, "error": nvml.error(rc)})
+            time.sleep(poll_ms / 1000)  # a wait that fails at once must not spin
+        wait_rc = rc
+        for i, handle in handles.items():
+            now = watch_figures(nvml, handle)
+            if now != last[i]:
+                emit({"event": "figures", "index": i, "figures": now})
+                last[i] = now
+
+
+def die_with_parent():
+    """The watch must not outlive serve (SIGKILLed, it cannot stop us): PR_SET_PDEATHSIG on Linux,
+    which fires when the thread that started this process ends (serve's main thread)."""
+    try:
+        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass  # the getppid() check in the loop still ends it within a poll
 
 
 def probe_sglang(algorithm, facts):
@@ -405,13 +605,13 @@ def probe_crash(_, facts):  # used by the tests: a native crash, as a broken ext
 
 
 def probe_hang(_, facts):  # used by the tests: an import that never returns
-    import time
     time.sleep(3600)
 
 
 def main():
     # The result goes to a private duplicate of stdout; fd 1 becomes stderr for everything else.
-    result_fd = os.dup(1)
+    global RESULT_FD
+    result_fd = RESULT_FD = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     if sys.path and sys.path[0] == "":

@@ -221,9 +221,16 @@ def check_driver(r: dict) -> Check:
     major = int(f["version"].split(".")[0])
     gpus = ", ".join(f"{g['name']} ({g['compute_capability']}, {g['memory_mib']} MiB)" for g in f["gpus"])
     summary = f"driver {f['version']} (CUDA {f['cuda']}), {len(f['gpus'])} GPU: {gpus or 'none'}"
+    # A GPU that does not answer is the GPU's fault, not the driver's: named here, judged by gpu-health.
+    silent = [f"GPU {g['index']} does not answer ({g.get('error', 'no answer')}; see gpu-health)"
+              for g in f.get("unanswered") or []]
+    if silent:
+        summary += "; " + "; ".join(silent)
     if major < MIN_DRIVER or int(f["cuda"].split(".")[0]) < int(CUDA_LINE):
         return fail("driver", f"driver too old for CUDA 13: {summary}",
                     f"driver too old for CUDA 13: need >= {MIN_DRIVER}", code, **evidence(r))
+    if not f["gpus"] and silent:  # the driver answers, its GPUs do not: gpu-health says what they need
+        return warn("driver", summary, "see the gpu-health check", **evidence(r))
     if not f["gpus"]:
         return fail("driver", summary, "check that the GPUs are visible (nvidia-smi)", code, **evidence(r))
     return ok("driver", summary, **evidence(r))

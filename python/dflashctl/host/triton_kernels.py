@@ -8,6 +8,14 @@ directory, together with the C helper modules Triton would build at the first st
 one launcher per signature). Each kernel's cache key must come out as the one recorded: a kernel
 whose source or options differ here (another SGLang, a patched one, another Triton) is stale: it
 is reported and left out, and only compiles at the first start as without a recording.
+
+A recording made on one arch also serves another (`carry`): the same kernel with the same
+specialisation, compiled for the other target, with the options Triton derives from the target
+(the arch, the default imprecise accumulation) recomputed for it. That is the key Triton computes
+on such a GPU whenever the specialisation does not depend on the GPU itself; where it does (the
+kernels in GPU_BOUND) the kernel is left out, and where a carried kernel's key still differs on
+the GPU it is merely never found. A carried kernel is never a wrong one: Triton looks it up under
+the key of everything that went into compiling it.
 """
 
 import json
@@ -28,6 +36,18 @@ RECORD_ENV = hook.TRITON_RECORD_ENV
 MANAGER = "dflash_triton_cache:PrebuiltFirst"  # kernel_hook/dflash_triton_cache.py, which Triton imports
 DATA = Path(__file__).resolve().parent / "data"
 SMOKE_RECORDS = "triton-smoke-sm{arch}.jsonl"  # recorded by the default smoke on a GPU of that arch
+
+# SGLang 0.5.11's kernels in the smoke's recording whose specialisation is chosen from the GPU, not
+# from the model: another arch's recording says nothing about them (read from its source).
+# get_num_kv_splits_triton is not here: it takes the SM count as an i32, specialised only when it
+# is 1 or a multiple of 16 (132 on the H200, 148 on a B200, 188 on an RTX PRO 6000: none is).
+GPU_BOUND = {
+    ("sglang.srt.layers.attention.triton_ops.extend_attention", "_fwd_kernel"):
+        "BLOCK_M and BLOCK_N are chosen per compute capability (_get_block_sizes_for_extend_attention: "
+        "128x64 on sm90, 64x64 on sm100, 64x128 on sm120 for head_dim <= 128)",
+    ("sglang.srt.constrained.triton_ops.bitmask_ops", "apply_token_bitmask_inplace_kernel"):
+        "NUM_SMS is a constexpr: the GPU's SM count (132 on the H200)",
+}
 
 # python -c CHILD RECORDS_JSON STUB_DIR WITH_CUDA_UTILS: compiles into $TRITON_CACHE_DIR, prints one
 # JSON result list; one child of a build also builds cuda_utils (WITH_CUDA_UTILS=1).
@@ -74,6 +94,12 @@ if with_cuda_utils:
         results.append({"helper": "cuda_utils", "ok": True})
     except Exception as e:
         results.append({"helper": "cuda_utils", "ok": False, "error": f"{type(e).__name__}: {e}"})
+def carried_options(options, source):
+    # Triton derives some options from the target (the arch, max_num_imprecise_acc_default, the
+    # fp8 types): keep only those the launch chose, as the runtime passes them to parse_options.
+    defaults = make_backend(GPUTarget("cuda", source, 32)).parse_options({}).__dict__
+    return {k: v for k, v in options.items() if k not in defaults or tuples(v) != defaults[k]}
+
 for r in records:
     out = {"kernel": f"{r['module']}.{r['qualname']}", "hash": r["hash"], "ok": False}
     try:
@@ -88,9 +114,13 @@ for r in records:
         constants = {tuple(k): decode(v) for k, v in r["constants"]}
         attrs = {tuple(k): v for k, v in r["attrs"]}
         options = {k: tuples(v) for k, v in r["options"].items()}
+        if r.get("carried_from"):
+            options = carried_options(options, r["carried_from"]["arch"])
         src = ASTSource(fn, signature, constants, attrs)
         kernel = triton.compile(src, target=target, options=make_backend(target).parse_options(options).__dict__)
-        if kernel.hash != r["hash"]:
+        if r.get("carried_from"):
+            out.update(hash=kernel.hash, carried=True)  # no GPU of this arch recorded it: Triton's key is the one
+        elif kernel.hash != r["hash"]:
             out.update(stale=True, error=f"built under key {kernel.hash[:12]}, recorded {r['hash'][:12]}: "
                        "Triton's options or compiler differ here")
             results.append(out); continue
@@ -127,6 +157,24 @@ def read_records(paths: list[Path]) -> list[dict]:
     return list(seen.values())
 
 
+def carry(records: list[dict], arch_version: str) -> tuple[list[dict], list[dict]]:
+    """The records of other archs as records for `arch_version` (to be compiled for it), and those
+    left out because their specialisation depends on the GPU (GPU_BOUND), each with why."""
+    cap = int(arch_version.replace(".", ""))
+    carried, left_out = [], []
+    for r in records:
+        source = r["target"].get("arch")
+        if r["target"].get("backend") != "cuda" or source == cap:
+            continue
+        why = GPU_BOUND.get((r["module"], r["qualname"]))
+        if why:
+            left_out.append({"kernel": f"{r['module']}.{r['qualname']}", "from": source, "why": why})
+            continue
+        carried.append({**r, "target": {**r["target"], "arch": cap}, "hash": None,
+                        "carried_from": {"arch": source, "hash": r["hash"]}})
+    return carried, left_out
+
+
 def keep_libcuda_cc(scratch: Path, env: dict[str, str]) -> Path:
     """The C compiler Triton runs for its helpers, with --no-as-needed: linked against the empty stub,
     libcuda.so.1 would otherwise be dropped from the module (no symbol of it is used at link time)
@@ -146,15 +194,20 @@ def smoke_records(arch_version: str) -> list[Path]:
     return [path] if path.exists() else []
 
 
+def shipped_records() -> list[Path]:
+    """The smoke's recordings of every arch shipped (sm90): carried to the others where they can be."""
+    return sorted(DATA.glob(SMOKE_RECORDS.format(arch="*")))
+
+
 def build(python: str, out: Path, arch_version: str, records: list[dict], env: dict[str, str], stub: Path,
           jobs: int | None = None, timeout: float = 1800.0) -> dict:
     """Compile the records whose target is `arch_version` (as `9.0`) into `out`/triton, linking the
-    helpers against `stub` (a directory with libcuda.so.1); {"built": [hash], "stale": [result],
-    "failed": [result]}."""
+    helpers against `stub` (a directory with libcuda.so.1); {"built": [hash], "carried": [hash of
+    those carried from another arch], "stale": [result], "failed": [result]}."""
     cap = int(arch_version.replace(".", ""))
     mine = [r for r in records if r["target"].get("backend") == "cuda" and r["target"].get("arch") == cap]
     if not mine:
-        return {"built": [], "stale": [], "failed": []}
+        return {"built": [], "carried": [], "stale": [], "failed": []}
     child_env = cuda_home.provide(dict(env), python)
     child_env.update({"CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str((out / SUBDIR).resolve())})
     for name in ("TRITON_CACHE_MANAGER", hook.PREBUILT_ENV, RECORD_ENV):
@@ -186,7 +239,8 @@ def build(python: str, out: Path, arch_version: str, records: list[dict], env: d
                                   FAILED) from None
     helpers = [r for r in results if "helper" in r]
     kernels = [r for r in results if "kernel" in r]
-    return {"built": sorted(r["hash"] for r in kernels if r["ok"]),
+    return {"built": sorted({r["hash"] for r in kernels if r["ok"]}),
+            "carried": sorted({r["hash"] for r in kernels if r["ok"] and r.get("carried")}),
             "stale": [r for r in kernels if r.get("stale")],
             "failed": [r for r in kernels if not r["ok"] and not r.get("stale")]
             + [r for r in helpers if not r["ok"]]}

@@ -1,4 +1,8 @@
-"""Preflight: is the GPU memory this instance's SGLang will claim free? (host/gpus.py reads NVML)
+"""Preflight: are this instance's GPUs healthy, and is the memory its SGLang will claim free?
+
+One NVML reading (host/gpus.py) answers both. A GPU that is lost, has a row remap pending or failed,
+or uncorrected ECC errors since its last reset refuses the start (host/gpu_health.py, exit
+PREFLIGHT_GPU_FAULT); its free memory is then beside the point and not judged.
 
 SGLang 0.5.11 sizes its pool for weights and KV cache from the memory free when it starts: free -
 (1 - mem_fraction_static) x the GPU's total (host/gpus.sglang_pool_mib). Memory another process
@@ -8,7 +12,7 @@ not share its GPUs (allowSharedGpus false) must also find the f x total it was s
 """
 
 
-from dflashctl.host import gpus, probes
+from dflashctl.host import gpu_health, gpus, probes
 from dflashctl.service.config import InstanceConfig
 
 
@@ -37,11 +41,25 @@ def claimed_fraction(cfg: InstanceConfig, snapshot: dict, indices: list[int]) ->
     return fraction, f"SGLang's default mem_fraction_static {fraction:g} for this GPU"
 
 
+def preflight_checks(cfg: InstanceConfig, python: str, child_env: dict[str, str],
+                     timeout: float = 20.0) -> list[probes.Check]:
+    """serve's GPU step: the health of the instance's GPUs, then (when they are healthy) the claim."""
+    result = gpus.read(python, gpus.LIBRARY, timeout, child_env)
+    indices = instance_gpus(cfg, child_env)
+    health = gpu_health.preflight_check(result, indices)
+    if health.status == "fail":
+        return [health]
+    return [health, claim_check(cfg, result, indices)]
+
+
 def preflight_check(cfg: InstanceConfig, python: str, child_env: dict[str, str],
                     timeout: float = 20.0, env: dict[str, str] | None = None) -> probes.Check:
     env = child_env if env is None else env  # SGLang's environment: it sees the driver discovery found
     result = gpus.read(python, gpus.LIBRARY, timeout, env)
-    indices = instance_gpus(cfg, child_env)
+    return claim_check(cfg, result, instance_gpus(cfg, child_env))
+
+
+def claim_check(cfg: InstanceConfig, result: dict, indices: list[int]) -> probes.Check:
     if not result.get("ok"):
         return gpus.check_claim(result, indices, 0.0, "")
     fraction, how = claimed_fraction(cfg, result["facts"], indices)

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from dflashctl import cli_help, output
-from dflashctl.errors import CONFIG, OK, ROLLOUT_STOPPED, DflashError
+from dflashctl.errors import CONFIG, OK, PREFLIGHT_GPU_FAULT, ROLLOUT_STOPPED, DflashError
 from dflashctl.service import canary, rollout_plan, rollout_state, sdnotify, unit_text
 from dflashctl.service.canary import Answers
 from dflashctl.service.instance_control import Command, Systemd
@@ -283,6 +283,11 @@ class Rollout:
             restarted = s.invocation != self.steps[t.name].invocation or not self.steps[t.name].invocation
             if restarted and s.ready:
                 return True
+            if restarted and s.start_failed and s.exit_status == PREFLIGHT_GPU_FAULT:
+                return StepFailed(f"{t.name}: its GPU is faulty (exit {PREFLIGHT_GPU_FAULT}), not its new "
+                                  f"definition: {s.status_text or 'no status'}",
+                                  "the GPU needs the fix its status names (`dflashctl doctor` shows it), not a "
+                                  f"rollback; then `systemctl start {t.unit}` and `dflashctl rollout --resume`")
             if restarted and s.start_failed and s.exit_status != GPU_BUSY:
                 code = f"exit {s.exit_status}" if s.exit_status is not None else s.result
                 return StepFailed(f"{t.name}: its new start failed ({code}): {s.status_text or 'no status'}",

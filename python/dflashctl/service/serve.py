@@ -1,11 +1,14 @@
 """`dflashctl serve --config FILE`: run one SGLang instance under systemd, ready only when it decodes.
 
-Order: settings (exit CONFIG) -> preflight probes in child processes and the model pair's files,
-before any weights load (every failure listed with its fix; exit with the first one's code) -> SGLang
-in its own process group -> /health_generate answers -> READY=1; a start that stops making progress
+Order: settings (exit CONFIG) -> preflight probes in child processes, the model pair's files and
+the GPUs' health and memory, before any weights load (every failure listed with its fix; exit with
+the first one's code, a faulty GPU's first) -> SGLang in its own process group, its GPUs watched
+(host/gpu_watch.py) -> /health_generate answers -> READY=1; a start that stops making progress
 (no log output, no GPU memory change for stallTimeoutSec) is stopped and reported (exit
-SERVER_STALLED). A child that dies, before or after ready, is reported at once with its log's tail.
-SIGTERM/SIGINT go to the whole process group; STOPPING=1 tells systemd we are on our way out.
+SERVER_STALLED). A child that dies, before or after ready, is reported at once with its log's tail;
+a GPU that fails (a critical XID, lost, new uncorrected ECC errors) stops SGLang and names the GPU
+(exit SERVER_GPU_FAILED). SIGTERM/SIGINT go to the whole process group; STOPPING=1 tells systemd we
+are on our way out.
 """
 
 import json
@@ -18,9 +21,10 @@ import tempfile
 from pathlib import Path
 
 from dflashctl import cli_help, inputs, output
-from dflashctl.errors import (CONFIG, OK, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
-                              SERVER_DIED_AFTER_READY, DflashError)
+from dflashctl.errors import (CONFIG, OK, PREFLIGHT_GPU_FAULT, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
+                              SERVER_DIED_AFTER_READY, SERVER_DIED_BEFORE_READY, SERVER_GPU_FAILED, DflashError)
 from dflashctl.host import cuda_home, driver, gpus, hub_cache, kernels
+from dflashctl.host.gpu_watch import GpuFailure, GpuWatch
 from dflashctl.lock import locate
 from dflashctl.service import config, gpu_claim, model_check, sdnotify, sglang_args, unit_text
 from dflashctl.service.server import Server, _describe, _indent
@@ -31,6 +35,8 @@ from dflashctl.service.validate import warnings_for
 API_KEY_CREDENTIAL, HF_TOKEN_CREDENTIAL = "api-key", "hf-token"
 LAUNCHER_ENV = "DFLASHCTL_SGLANG_LAUNCHER"  # for tests: replaces `python -m sglang.launch_server`
 STOP_GRACE_S = 30.0  # below the unit's TimeoutStopSec, so our SIGKILL comes before systemd's
+GPU_FAILED_GRACE_S = 5.0  # SIGTERM to SIGKILL once its GPU failed: nothing is left to drain
+DEATH_CAUSE_WAIT_S = 1.5  # SGLang died: the GPU watch's next reading (once a second) may name the cause
 
 
 class _Stop(Exception):
@@ -134,7 +140,8 @@ def model_checks(cfg: config.InstanceConfig, python: str, child_env: dict[str, s
 # status.
 PREFLIGHT_STEPS = [lambda cfg, python, env, path: probe_checks(cfg, python, env),
                    model_checks,
-                   lambda cfg, python, env, path: [gpu_claim.preflight_check(cfg, python, env)]]  # last: busy GPUs may free up
+                   # last: busy GPUs may free up
+                   lambda cfg, python, env, path: gpu_claim.preflight_checks(cfg, python, env)]
 STATUS_LIMIT = 3500  # the list of failures in STATUS=; sdnotify keeps it under systemd's datagram size
 
 
@@ -143,12 +150,13 @@ def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]
     for w in jit_toolchain_warnings(child_env):
         say(f"preflight warning: {w}")
     say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver, "
-        "the model pair, GPU memory")
+        "the model pair, GPU health and memory")
     checks = [c for step in PREFLIGHT_STEPS for c in step(cfg, python, child_env, config_path)]
     for c in checks:
         if c.status == "warn":
             say(f"preflight warning: {c.name}: {c.summary}")
-    failed = [c for c in checks if c.status == "fail"]
+    # A faulty GPU explains what fails after it (torch sees no GPU, sgl_kernel does not load): first.
+    failed = sorted((c for c in checks if c.status == "fail"), key=lambda c: c.exit_code != PREFLIGHT_GPU_FAULT)
     if failed:
         raise preflight_failure(failed, len(checks), python)
     say(f"preflight: {len(checks)} checks passed")
@@ -298,17 +306,33 @@ def _run(args) -> int:
 
 
 def _supervise(cfg: config.InstanceConfig, server: Server, python: str) -> int:
+    indices = gpu_claim.instance_gpus(cfg, server.env)
+    watch = GpuWatch(python, indices, server.env, on_note=lambda text: say(f"GPU watch: {text}"),
+                     on_state=say).start()
+    try:
+        return _serve(cfg, server, python, watch, indices)
+    finally:
+        watch.stop()
+
+
+def _serve(cfg: config.InstanceConfig, server: Server, python: str, watch: GpuWatch, indices: list[int]) -> int:
     say(f"starting SGLang for {cfg.model} on {cfg.base_url} (log: {server.log_path})")
     server.start()
     gpu = None
     if cfg.stall_timeout_sec:  # GPU memory that grows is start-up progress too (service/stall.py)
-        gpu = GpuMemory(lambda: gpus.read(python, timeout=10.0, env=server.env),
-                        gpu_claim.instance_gpus(cfg, server.env)).start()
+        gpu = GpuMemory(lambda: gpus.read(python, timeout=10.0, env=server.env), indices).start()
+
+    def gpu_failed_error() -> DflashError | None:
+        return gpu_failed(server, watch.failure, "while starting") if watch.failure else None
     try:
         took = server.wait_ready(
             cfg.start_timeout_sec,
             on_progress=lambda t, line: sdnotify.status(f"loading ({t:.0f} s): {line}"),
-            stall_timeout=cfg.stall_timeout_sec, gpu=gpu)
+            stall_timeout=cfg.stall_timeout_sec, gpu=gpu, abort=gpu_failed_error)
+    except DflashError as e:
+        if e.exit_code == SERVER_DIED_BEFORE_READY and watch.wait_failure(DEATH_CAUSE_WAIT_S):
+            raise gpu_failed(server, watch.failure, "while starting") from None
+        raise
     finally:
         if gpu is not None:
             gpu.stop()
@@ -316,11 +340,29 @@ def _supervise(cfg: config.InstanceConfig, server: Server, python: str) -> int:
     say(f"ready after {took:.1f} s: {cfg.base_url}/health_generate decoded a token")
     while True:
         rc = server.wait(0.2)
+        failure = watch.failure or (watch.wait_failure(DEATH_CAUSE_WAIT_S) if rc is not None else None)
+        if failure is not None:
+            raise gpu_failed(server, failure, "while serving")
         if rc is not None:
             raise DflashError(f"SGLang exited with status {_describe(rc)} while serving",
                               "its log ends with:\n" + _indent(server.log_tail()),
                               f"read the log above (full log: {server.log_path}); systemd restarts "
                               "the service with backoff", SERVER_DIED_AFTER_READY)
+
+
+def gpu_failed(server: Server, failure: GpuFailure, when: str) -> DflashError:
+    """Stop SGLang (it would hang in CUDA or die naming nothing) and say which GPU failed and why:
+    the router stops sending here once the port is closed, the other instances keep serving."""
+    say(f"{failure.label} failed {when}: {failure.finding.what}; stopping SGLang")
+    rc = server.stop(GPU_FAILED_GRACE_S)
+    stopped = "SGLang was stopped" if rc is not None else "SGLang did not exit (stuck in the driver)"
+    err = DflashError(f"{failure.what()} ({when}); {stopped}",
+                      "the GPU watch saw it (NVML); the router sends no more requests here once this instance's "
+                      "port is closed, and the other instances keep serving",
+                      f"{failure.finding.fix}. systemd restarts the instance; its preflight refuses the GPU "
+                      f"(exit {PREFLIGHT_GPU_FAULT}) until it is healthy again", SERVER_GPU_FAILED)
+    err.status = f"{err.what}; fix: {err.fix}"  # run() leaves this in StatusText, not cut to one line's length
+    return err
 
 
 def _rotate(log: Path) -> None:

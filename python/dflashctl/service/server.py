@@ -20,6 +20,7 @@ from dflashctl.errors import SERVER_DIED_BEFORE_READY, SERVER_STALLED, SERVER_ST
 from dflashctl.service.stall import GpuMemory, StallWatch
 
 POLL_S = 0.1  # how often the child is checked while waiting
+KILL_WAIT_S = 10.0  # after SIGKILL: a process stuck in the driver (a lost GPU) may never exit; do not hang with it
 HEALTH_INTERVAL_S = 0.5  # pause between health attempts
 HEALTH_REQUEST_TIMEOUT_S = 60.0  # one /health_generate may include the first CUDA-graph decode
 
@@ -81,19 +82,21 @@ class Server:
             self.signal_group(signal.SIGTERM)
             if self.wait(grace) is None:
                 self.signal_group(signal.SIGKILL)
-                self.proc.wait()
+                self.wait(KILL_WAIT_S)
         self.signal_group(signal.SIGKILL)  # helpers the leader left behind (scheduler, detokenizer)
-        return self.proc.returncode
+        return self.proc.returncode  # None: it did not die (uninterruptible in the driver)
 
     # --- readiness -------------------------------------------------------------------------------
     def wait_ready(self, timeout: float, on_progress: Callable[[float, str], None] | None = None,
                    health_path: str = "/health_generate", stall_timeout: float = 0,
-                   gpu: GpuMemory | None = None) -> float:
+                   gpu: GpuMemory | None = None,
+                   abort: Callable[[], DflashError | None] | None = None) -> float:
         """Block until `health_path` answers 200; returns the seconds it took.
 
         Raises SERVER_DIED_BEFORE_READY as soon as the child exits (checked every POLL_S, also while
         a health request hangs), SERVER_STALLED after `stall_timeout` seconds (0: never) without
         new log output or a change in `gpu`'s memory, and SERVER_START_TIMEOUT after `timeout` seconds.
+        `abort`, asked every POLL_S, returns the error to stop with (serve's GPU watch), or None.
         """
         start = time.monotonic()
         watch = StallWatch(stall_timeout, self.log_path, self._log_offset, gpu)
@@ -110,6 +113,9 @@ class Server:
                                   "its log ends with:\n" + _indent(self.log_tail()),
                                   f"read the log above (full log: {self.log_path})",
                                   SERVER_DIED_BEFORE_READY)
+            stop = abort() if abort is not None else None
+            if stop is not None:
+                raise stop
             if attempt and not attempt["thread"].is_alive():
                 if attempt["ok"]:
                     return now - start

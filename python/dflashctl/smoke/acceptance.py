@@ -17,11 +17,13 @@ BROKEN = "drafts that should be accepted were rejected: the draft path is broken
 
 
 def expectations(shape: oracle.OracleShape, runs: list[str], prompts: list[list[int]], sequential: int,
-                 new_tokens: int) -> dict:
-    """run -> phase -> {"predicted", "min", "max"} for the oracle pair's speculative runs."""
+                 new_tokens: int, more_phases: dict[str, list[list[int]]] | None = None) -> dict:
+    """run -> phase -> {"predicted", "min", "max"} for the oracle pair's speculative runs;
+    `more_phases`: other phases' prompts, in order (the concurrency sweep's points)."""
     phase_prompts = {"concurrent": prompts}
     if sequential:
         phase_prompts["sequential"] = prompts[:sequential]
+    phase_prompts.update(more_phases or {})
     out = {}
     for run in runs:
         if run not in ("DFLASH", "DDTREE", "DFLASH-poisoned"):

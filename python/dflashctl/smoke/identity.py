@@ -11,7 +11,7 @@ import os
 import threading
 
 from dflashctl.errors import DflashError
-from dflashctl.host import fingerprint, probes
+from dflashctl.host import driver, fingerprint, gpu_health, gpus, probes
 
 FIELDS = ("hostname", "gpus", "gpu_count", "driver", "driver_cuda", "cuda_driver_api", "python", "torch",
           "triton", "sglang", "sglang_kernel", "xgrammar", "lock_spec_sha256", "lock_matches", "dflashctl")
@@ -131,3 +131,43 @@ def line(ident: dict) -> str:
     return (f"measured on {_or_unknown(ident.get('hostname'))}: {gpu}; driver {_or_unknown(ident.get('driver'))} "
             f"(CUDA driver API {_or_unknown(ident.get('cuda_driver_api'))}); {versions}; {lock}; "
             f"dflashctl {_or_unknown(ident.get('dflashctl'))}")
+
+
+# ---------------------------------------------------------------------------------- GPU health
+
+def health(result: dict | None) -> dict:
+    """Each GPU's health verdict from one NVML reading (host/gpu_health.py), or why there is none."""
+    if not result or not result.get("ok"):
+        return {"gpus": None, "unknown": "NVML gave no answers: " + (probes.failure_text(result) if result
+                                                                      else "the host was not probed")}
+    healths = gpu_health.assess(result["facts"])
+    return {"gpus": [h.to_json() for h in healths], "line": gpu_health.brief(healths)}
+
+
+def gpu_health_block(ident: dict | None, python: str) -> dict:
+    """The GPUs' health at the start of the run (the fingerprint's NVML reading, taken as the servers
+    started) and at its end (read now): a GPU that failed during the measurement is named."""
+    fp = (ident or {}).get("fingerprint") or {}
+    try:
+        end = gpus.read(python, env=driver.provide(dict(os.environ))[0])
+    except DflashError as e:
+        end = {"ok": False, "error": e.what}
+    return {"start": health(fp.get("gpus")), "end": health(end)}
+
+
+def health_failures(block: dict | None, index: int | None = None) -> list[str]:
+    """The smoke's GPU (`index`, else the first) failing its health check at the end of the run fails
+    the smoke: what it measured there is suspect. Other GPUs' verdicts are only reported."""
+    end = ((block or {}).get("end") or {}).get("gpus") or []
+    used = next((g for g in end if g["index"] == index), None) if index is not None else (end[0] if end else None)
+    if used is None or used["status"] != "fail":
+        return []
+    return [f"GPU health at the end of the run: {used['summary']} (fix: {used['fix']})"]
+
+
+def health_line(block: dict | None) -> str | None:
+    if not block:
+        return None
+    def part(h):
+        return h.get("line") or h.get("unknown") or "?"
+    return f"GPU health: at the start {part(block['start'])}; at the end {part(block['end'])}"

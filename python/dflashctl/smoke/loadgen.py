@@ -49,11 +49,12 @@ def text_prompts(count: int) -> list[str]:
     return [TEXT_PROMPTS[i % len(TEXT_PROMPTS)] for i in range(count)]
 
 
-def payload(prompt: list[int] | str, max_new_tokens: int) -> dict:
-    """Greedy, fixed length (ignore_eos): every run decodes the same number of tokens."""
+def payload(prompt: list[int] | str, max_new_tokens: int, stream: bool = True) -> dict:
+    """Greedy, fixed length (ignore_eos): every run decodes the same number of tokens. Not
+    streamed (`stream` False), the answer is one JSON object: no time to first token, no chunks."""
     body = {"input_ids": prompt} if isinstance(prompt, list) else {"text": prompt}
     body["sampling_params"] = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
-    body["stream"] = True
+    body["stream"] = stream
     return body
 
 
@@ -124,7 +125,8 @@ def _tokens_in(chunk: dict) -> int:
 def generate(ep: Endpoint, index: int, body: dict, timeout: float,
              on_tokens: Callable[[int], None] | None = None,
              recording: Recording | None = None) -> RequestResult:
-    """One streamed POST /generate; failures end up in `.error`, never raised."""
+    """One POST /generate, streamed unless the body says otherwise; failures end up in `.error`,
+    never raised."""
     r = RequestResult(index)
     conn, headers, prefix = _connection(ep, timeout)
     t0 = time.perf_counter()
@@ -138,7 +140,16 @@ def generate(ep: Endpoint, index: int, body: dict, timeout: float,
         if resp.status != 200:
             r.error = f"HTTP {resp.status}: {resp.read()[:300].decode(errors='replace')}"
             return r
-        while True:
+        if not body.get("stream"):
+            last = json.loads(resp.read())
+            last = last[0] if isinstance(last, list) and last else last  # SGLang's batch form
+            if not isinstance(last, dict) or "error" in last:
+                r.error = f"server error: {last.get('error') if isinstance(last, dict) else last!r}"[:300]
+                return r
+            r.chunks, deltas = 1, None
+            if on_tokens is not None:
+                on_tokens(_tokens_in(last))
+        while body.get("stream"):
             line = resp.readline()
             if not line:
                 break
@@ -179,7 +190,7 @@ def generate(ep: Endpoint, index: int, body: dict, timeout: float,
     meta = last.get("meta_info") or {}
     r.output_tokens = _tokens_in(last)
     r.output_ids = _output_ids(last, deltas, r.output_tokens)
-    r.commits = [b - a for a, b in zip([0] + counts, counts) if b > a]
+    r.commits = [b - a for a, b in zip([0] + counts, counts) if b > a] if body.get("stream") else None
     r.server_e2e_s = meta.get("e2e_latency")
     r.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
     r.spec_accept_length = meta.get("spec_accept_length")

@@ -23,6 +23,12 @@ present (SGLang leaves a missing tensor uninitialised without a word), in bf16, 
 library only, so any interpreter that runs SGLang runs this. The same shape gives the same bytes
 on every machine: `content_hash` names them, and a pair already in the target directory with that
 hash is reused. docs/smoke.md says what the pair proves and what each shape choice costs.
+
+Tensor parallelism (`smoke --tp-size N`): SGLang splits the heads, the KV heads and the MLP over
+the GPUs (synthetic.tp_problems), and the default shape's 16 heads, 16 KV heads and MLP of 64
+shard over 2, 4, 8 and 16 as they are. The construction survives the split: head h of the target
+and of the oracle drafter writes only the residual dims of its own 64 value dims, so each GPU's
+share of o_proj is zero elsewhere and the all-reduce adds zeros.
 """
 
 import hashlib

@@ -112,7 +112,7 @@ def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: 
             s = stats[p.name]
             b = base_stats.get(p.name, {}).get("output_tok_s")
             s["speedup"] = round(s["output_tok_s"] / b, 3) if b and s["output_tok_s"] and run is not base else None
-            if run.algorithm is not None:
+            if run.algorithm is not None and any(r.commits for r in p.requests):  # streamed phases only
                 s["acceptance_histogram"] = acceptance.histogram(p.requests)
         fails = failures(run, settings.get("max_new_tokens"))
         if run is base and rule:
@@ -208,6 +208,8 @@ def table(result: dict) -> str:
         lines.append(result["note"])
     if result["phases_s"]:
         lines.append("phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in result["phases_s"].items()))
+    if identity.health_line(result.get("gpu_health")):
+        lines.append(identity.health_line(result["gpu_health"]))
     lines += [f"WARNING: {w}" for w in result.get("warnings", [])]
     for f in result["failures"]:
         lines.append(f"FAILED: {f}")

@@ -23,7 +23,7 @@ from dflashctl.host import cuda_home, driver, gpus, jit_caches, kernels
 from dflashctl.service import config, model_check, sglang_args
 from dflashctl.service.config import MAX_PORT
 from dflashctl.service.server import Server
-from dflashctl.smoke import synthetic
+from dflashctl.smoke import sweep, synthetic
 
 SPECULATIVE = ("DFLASH", "DDTREE")
 DEFAULT_SYNTHETIC_KV_TOKENS = 65536  # 1 GiB for the random target; smoke needs ~2.5k tokens
@@ -114,7 +114,9 @@ def instance_settings(a, spec: RunSpec, port: int, launch: str, fraction: float 
     attention = a.attention_backend or ("triton" if synthetic_pair else None)
     if attention:
         d["attentionBackend"] = attention
-    max_bs = a.cuda_graph_max_bs or (8 if synthetic_pair and not a.cuda_graph_bs else None)
+    points = getattr(a, "sweep_points", None) if spec.cuda_graphs else None  # a server without graphs is not timed
+    own_graphs = bool(a.cuda_graph_bs or a.cuda_graph_max_bs)
+    max_bs = a.cuda_graph_max_bs or (8 if synthetic_pair and not a.cuda_graph_bs and not points else None)
     if max_bs:
         d["cudaGraphMaxBs"] = max_bs
     if a.no_cuda_graph or not spec.cuda_graphs:
@@ -122,6 +124,8 @@ def instance_settings(a, spec: RunSpec, port: int, launch: str, fraction: float 
     extra = []
     if a.cuda_graph_bs:
         extra += ["--cuda-graph-bs", *[b.strip() for b in a.cuda_graph_bs.split(",") if b.strip()]]
+    if points:  # the concurrency sweep (sweep.py): every point at once, in its own CUDA graph
+        extra += sweep.server_args(points, a.requests, graphs=not (a.no_cuda_graph or own_graphs))
     if synthetic_pair and not a.piecewise_cuda_graph:
         extra.append("--disable-piecewise-cuda-graph")
     tokens = kv_tokens(a, spec)
@@ -129,7 +133,11 @@ def instance_settings(a, spec: RunSpec, port: int, launch: str, fraction: float 
         extra += ["--max-total-tokens", str(tokens)]
     if extra:
         d["extraArgs"] = extra
-    if a.gpu is not None:
+    tp = getattr(a, "tp_size", 1) or 1
+    if tp > 1:  # tensor parallelism: --gpu (default 0) and the next ones, as the module's gpus list
+        first = a.gpu or 0
+        d.update(gpus=list(range(first, first + tp)), tpSize=tp)
+    elif a.gpu is not None:
         d["gpus"] = [a.gpu]
     # Milliseconds in SGLang's log stamps: the start-up phases (startup.py) are read from them.
     d["environment"] = {"SGLANG_LOG_MS": "1"}

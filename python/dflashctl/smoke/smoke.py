@@ -22,17 +22,17 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from dflashctl import __version__, cli_help, inputs, output
-from dflashctl.cli_help import positive_float
+from dflashctl.cli_help import positive_float, positive_int
 from dflashctl.errors import (DRAFTS_REJECTED, FAILED, GRAMMAR_VIOLATION, NOT_LOSSLESS, PREFLIGHT_SGLANG, USAGE,
                               DflashError)
 from dflashctl.host import hub_cache, kernels
 from dflashctl.service import sglang_features
-from dflashctl.smoke import (acceptance, grammar, identity, jit_prewarm, loadgen, oracle, router_info, startup,
+from dflashctl.smoke import (acceptance, grammar, identity, jit_prewarm, loadgen, oracle, router_info, startup, sweep,
                              synthetic, tokenizer)
 from dflashctl.smoke.report import RunResult, summarise, table
 from dflashctl.smoke.servers import (SPECULATIVE, Fleet, RunSpec, check_pairs, driver_note, first_start_note,
-                                     free_gpu_mib, kv_tokens, memory_plan, say, server_demand_mib, smoke_gpu,
-                                     start_server, stop_all)
+                                     DEFAULT_SYNTHETIC_KV_TOKENS, free_gpu_mib, kv_tokens, memory_plan, say,
+                                     server_demand_mib, smoke_gpu, start_server, stop_all)
 # /server_info fields kept in the result (the whole answer holds every server argument).
 SERVER_INFO_KEYS = ("version", "model_path", "speculative_algorithm", "speculative_draft_model_path",
                     "speculative_num_draft_tokens", "speculative_ddtree_budget", "attention_backend",
@@ -86,6 +86,13 @@ def register(subparsers) -> None:
     load.add_argument("--input-len", type=int, default=32, help="token ids per synthetic prompt (32)")
     load.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts (0)")
     load.add_argument("--request-timeout", type=positive_float, default=300, help="seconds per request (300)")
+    load.add_argument("--sweep", metavar="C,C,...",
+                      help="after the usual phases, measure every run at each of these concurrencies, e.g. "
+                           "1,2,4,8,16,32,64: tok/s, speed-up and where DFLASH falls below the baseline "
+                           "(docs/smoke.md, 'Concurrency sweep'); the servers get CUDA graphs for each point")
+    load.add_argument("--sweep-rounds", type=positive_int, default=2,
+                      help="with --sweep: at least this many rounds of C requests per point, every prompt "
+                           "equally often (2)")
     start = p.add_argument_group("server start (start-up time; docs/smoke.md)")
     start.add_argument("--launch", choices=("together", "sequential"),
                        help="together: start every server at once on the GPU and measure them in turn "
@@ -117,6 +124,10 @@ def register(subparsers) -> None:
                             "before (default: a helper compiles them in parallel while the servers import; "
                             "docs/smoke.md)")
     start.add_argument("--gpu", type=int, help="GPU index for the servers (default: CUDA_VISIBLE_DEVICES as is)")
+    start.add_argument("--tp-size", type=positive_int, default=1,
+                       help="tensor parallelism: every server on this many GPUs (--gpu, default 0, and the next "
+                            "ones; SGLang's --tp-size). The oracle pair's 16 heads and 16 KV heads shard over "
+                            "2, 4, 8 or 16 (docs/smoke.md, 'Tensor parallelism')")
     start.add_argument("--python", default=sys.executable, help="interpreter that has SGLang (default: this one)")
     start.add_argument("--start-timeout", type=positive_float, default=600,
                        help="seconds a server may take to be ready (600)")
@@ -190,6 +201,7 @@ def _check_args(a) -> None:
             _check_url(flag, url)
     if a.gpu is not None and a.gpu < 0:
         raise _usage(f"--gpu {a.gpu} is not a GPU index", "pass an index from nvidia-smi (0, 1, ...)")
+    a.sweep_points = sweep.parse(a.sweep) if a.sweep else []
 
 
 def _check_url(flag: str, url: str) -> None:
@@ -262,6 +274,8 @@ def measure(run: str, algorithm: str | None, ep: loadgen.Endpoint, plan: Plan, a
                                  recordings)
         conc.name = "concurrent"
         result.phases.append(conc)
+    if throughput and a.sweep_points:
+        result.phases += sweep.run_points(run, ep, plan.prompts, a, watch, say)  # not recorded: the same prompts
     info = router_info.server_info(ep)[0]  # through a router: one healthy worker's
     result.server_info = {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
     states = info.get("internal_states") or [{}]
@@ -338,21 +352,31 @@ def run(a) -> int:
             results, plan = _run_local(a, phases, t0, work)
             ident = probe.identity()
         phases["total"] = time.monotonic() - t0
-        rule = ({i: oracle.greedy(plan.oracle.shape, p, a.max_new_tokens) for i, p in enumerate(plan.prompts)}
-                if plan.oracle else None)
+        rule = _rule(plan, a) if plan.oracle else None
         result = summarise(results, plan.settings, phases, plan.synthetic, a.require_lossless,
                            plan.expectations, rule)
+        if a.sweep_points:
+            result["sweep"] = sweep.summary(result)
         if plan.oracle:
             result["oracle"] = plan.oracle.to_json()
         if plan.launch_plan:
             result["launch_plan"] = plan.launch_plan
         result["identity"] = ident
+        if not a.url:  # the GPUs' health at the start and the end of the run, on this host
+            result["gpu_health"] = identity.gpu_health_block(ident, a.python)
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+            used = a.gpu if a.gpu is not None else int(visible) if visible.isdigit() else None
+            sick = identity.health_failures(result["gpu_health"], used)
+            result["failures"] += sick
+            result["ok"] = result["ok"] and not sick
         result["models"] = plan.models
         if ident and isinstance(ident.get("fingerprint"), dict) and plan.models:
             ident["fingerprint"]["models"] = [m for m in plan.models if m.get("repo_id")]  # for `diff`
         result["jit_compiled"] = plan.jit_compiled
         result["jit_prewarm"] = plan.jit_prewarm
         text = table(result)
+        if result.get("sweep"):
+            text += "\n\n" + sweep.table(result["sweep"])
         if plan.models and not plan.synthetic:
             text += "\n" + models_line(plan.models)
         if plan.grammar:
@@ -384,6 +408,14 @@ def run(a) -> int:
                 shutil.rmtree(work, ignore_errors=True)  # passed, or failed before writing anything
             else:
                 say(f"kept {work} (models, server logs) for a look")
+
+
+def _rule(plan: Plan, a) -> dict[int, list[int]]:
+    """Request index -> the ids the oracle's rule gives: prompt i for the smoke's own phases, prompt
+    i mod N for the sweep's (sweep.prompt_order), so every request of every phase is held to it."""
+    ids = [oracle.greedy(plan.oracle.shape, p, a.max_new_tokens) for p in plan.prompts]
+    most = max([len(ids)] + [sweep.request_count(c, len(ids), a.sweep_rounds) for c in a.sweep_points])
+    return {i: ids[i % len(ids)] for i in range(most)}
 
 
 def _exit_code(result: dict) -> int:
@@ -421,7 +453,8 @@ def _settings(a, plan_runs, synthetic_pair, launch, prompt_kind) -> dict:
             "prompts": prompt_kind, "launch": launch, "wait_all": bool(getattr(a, "wait_all", False)),
             "jit_prewarm": bool(getattr(a, "jit_prewarm", False)) and launch != "external",
             "synthetic": synthetic_pair, "grammar": not a.no_grammar,
-            "ttft": "first streamed chunk carrying a token (client clock)"}
+            "ttft": "first streamed chunk carrying a token (client clock)",
+            "sweep": a.sweep_points, "sweep_rounds": a.sweep_rounds if a.sweep_points else None}
 
 
 def _run_url(a, phases) -> tuple[list[RunResult], Plan]:
@@ -492,6 +525,7 @@ def _run_local(a, phases, t0, work: Path) -> tuple[list[RunResult], Plan]:
     try:
         specs = _specs(a, plan, runs, work, phases, shape)
         check_pairs(a, specs)  # a real pair: serve's model-pair rules before any server starts
+        _check_tp(a, specs)
         say(f"runs: {', '.join(s.run for s in specs)}; launch {launch}; work dir {work}")
         say(driver_note())
         note = first_start_note()
@@ -552,7 +586,8 @@ def _specs(a, plan: Plan, runs: list[str], work: Path, phases: dict, shape) -> l
             phases["tokenizer"] = plan.tokenizer["seconds"]
             say(f"synthetic tokenizer: {plan.tokenizer['vocab_size']} tokens in {plan.tokenizer['seconds']}s")
     if plan.pair == "random":
-        return [RunSpec(r, algorithm_of(r), random_target, random_draft, dummy=True, tokenizer=plan.grammar)
+        return [RunSpec(r, algorithm_of(r), random_target, random_draft, dummy=True, tokenizer=plan.grammar,
+                        kv_tokens=_kv_tokens(a, DEFAULT_SYNTHETIC_KV_TOKENS, synthetic.PairShape().block_size))
                 for r in runs]
     t = time.monotonic()
     pair = oracle.write_pair(work / "models", shape)
@@ -563,14 +598,40 @@ def _specs(a, plan: Plan, runs: list[str], work: Path, phases: dict, shape) -> l
     drafts = {"DFLASH": pair.draft, POISONED: pair.poisoned, "DDTREE": pair.draft}
     for r in runs:
         specs.append(RunSpec(r, algorithm_of(r), str(pair.target), str(drafts[r]) if r in drafts else None,
-                             tokenizer=False, kv_tokens=ORACLE_KV_TOKENS))
+                             tokenizer=False, kv_tokens=_kv_tokens(a, ORACLE_KV_TOKENS, shape.block_size)))
     if plan.grammar:
         specs.append(RunSpec(GRAMMAR_RUN, None, random_target, dummy=True, tokenizer=True, cuda_graphs=False))
-    plan.expectations = acceptance.expectations(shape, runs, plan.prompts, a.sequential_requests, a.max_new_tokens)
+    sweep_phases = {sweep.phase_name(c): sweep.prompt_order(c, plan.prompts, a.sweep_rounds) for c in a.sweep_points}
+    plan.expectations = acceptance.expectations(shape, runs, plan.prompts, a.sequential_requests, a.max_new_tokens,
+                                                sweep_phases)
     return specs
 
 
 ORACLE_KV_TOKENS = 32768  # 1 GiB at the oracle target's 16 KV heads; smoke needs ~2.5k tokens
+
+
+def _check_tp(a, specs: list[RunSpec]) -> None:
+    """--tp-size against the synthetic models' shapes, before any server starts (SGLang would stop
+    at its first tensor-parallel layer, after its imports)."""
+    problems: dict[str, list[str]] = {}  # problem -> the models that have it
+    for sp in specs:
+        for path in (sp.target, sp.draft) if sp.synthetic else ():
+            if path and (cfg := Path(path, "config.json")).exists():
+                for p in synthetic.tp_problems(json.loads(cfg.read_text()), a.tp_size):
+                    problems.setdefault(p, [])
+                    if Path(path).name not in problems[p]:
+                        problems[p].append(Path(path).name)
+    if problems:
+        raise DflashError(f"--tp-size {a.tp_size}: the synthetic models do not shard over {a.tp_size} GPUs",
+                          "; ".join(f"{p} ({', '.join(models)})" for p, models in problems.items()),
+                          "use --tp-size 2, 4, 8 or 16", USAGE)
+
+
+def _kv_tokens(a, default: int, block: int) -> int:
+    """A synthetic server's KV pool: the default cap, or what the sweep's largest point holds."""
+    if not a.sweep_points:
+        return default
+    return max(default, sweep.kv_tokens_needed(a.sweep_points, a.input_len, a.max_new_tokens, block))
 
 
 def _launch_plan(a, plan: Plan, specs: list[RunSpec], launch: str) -> tuple[float | None, str]:

@@ -73,6 +73,24 @@ def dflash_draft_config(s, target: dict) -> dict:
             }}
 
 
+def tp_problems(config: dict, tp: int) -> list[str]:
+    """Why SGLang could not shard a model with this config.json over `tp` GPUs; empty when it can.
+    Its tensor-parallel layers split the attention heads, the KV heads (or, when there are fewer
+    KV heads than GPUs, replicate them: the GPU count a multiple of them) and the MLP's
+    intermediate size; the vocabulary is padded to fit, so it needs nothing."""
+    if tp <= 1:
+        return []
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    out = []
+    if heads % tp:
+        out.append(f"{heads} attention heads do not divide over {tp} GPUs")
+    if kv >= tp and kv % tp or kv < tp and tp % kv:
+        out.append(f"{kv} KV heads neither divide over {tp} GPUs nor replicate onto them")
+    if config["intermediate_size"] % tp:
+        out.append(f"intermediate_size {config['intermediate_size']} does not divide over {tp} GPUs")
+    return out
+
+
 def target_config(s: PairShape) -> dict:
     return qwen3_config(s, s.max_position_embeddings, 1000000.0)
 

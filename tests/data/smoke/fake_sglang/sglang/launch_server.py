@@ -30,7 +30,9 @@ Faults and timing, for tests (SEL: `baseline`, the --speculative-algorithm, or t
 directory's name, such as draft-poisoned):
 FAKE_SGLANG_FAULTS=JSON      a list of {"kind", "server": SEL, "prompt": ids or text, "at": N}; kind
                              diverge (the token at position N, negative: from the request's end,
-                             is off by one and decoding follows it), empty (no tokens), inactive
+                             is off by one and decoding follows it; with "after": M only in the
+                             /generate requests after the M-th, a server that goes wrong under a
+                             later, heavier load), empty (no tokens), inactive
                              (a speculative server that verifies nothing), accept-all (every draft
                              accepted: the drafter named is not the one used), no-ids (answers
                              without output_ids, as through a proxy that drops them), grammar-served
@@ -152,6 +154,7 @@ def start_up_lines():
 
 log(f"server_args: {' '.join(sys.argv[1:])}")
 log(f"TRITON_CACHE_DIR={os.environ.get('TRITON_CACHE_DIR', '')}")
+log(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
 if DIE == "start":
     time.sleep(float(os.environ.get("FAKE_SGLANG_DIE_AFTER", "0")))
     log("Load weight begin.")
@@ -217,12 +220,13 @@ def fault_for(prompt, kind: str) -> dict | None:
     return next((f for f in FAULTS if f["kind"] == kind and ("prompt" not in f or f["prompt"] == prompt)), None)
 
 
-def run(prompt_ids: list[int], prompt_key, s: model.Sampling) -> model.Decoded:
+def run(prompt_ids: list[int], prompt_key, s: model.Sampling, n: int = 0) -> model.Decoded:
+    """Decode one request; `n`: its place among the /generate requests (0: another route)."""
     if fault_for(prompt_key, "empty"):
         return model.Decoded([], [0], {"type": "length", "length": 0})
     diverge = {}
     for f in FAULTS:
-        if f["kind"] == "diverge" and ("prompt" not in f or f["prompt"] == prompt_key):
+        if f["kind"] == "diverge" and ("prompt" not in f or f["prompt"] == prompt_key) and n > f.get("after", -1):
             at = f["at"] if f["at"] >= 0 else s.max_new_tokens + f["at"]
             diverge[at] = 1
     drafter = None if fault_for(prompt_key, "inactive") else DRAFTER
@@ -370,10 +374,10 @@ class Handler(BaseHTTPRequestHandler):
         ids, key = self._prompt(req)
         s = sampling(req.get("sampling_params") or {})
         t0 = time.monotonic()
-        d = run(ids, key, s)
         with count_lock:
             generate_count += 1
             n = generate_count
+        d = run(ids, key, s, n)
         rid = uuid.uuid4().hex
         stream = req.get("stream") is True
         cached = cached_tokens(ids)
@@ -456,6 +460,7 @@ def _die():
     os._exit(1)
 
 
+ThreadingHTTPServer.request_queue_size = 2048  # uvicorn's backlog: a burst of connections is queued, not reset
 server = ThreadingHTTPServer((args.host, args.port), Handler)
 server.daemon_threads = True
 log(f"Uvicorn running on http://{args.host}:{args.port}")
