@@ -183,7 +183,14 @@ def test_the_settings_file_holds_every_key_and_reads_back():
     cfg = config.from_dict({**D, "gpus": [0, 1], "tpSize": 2, "extraArgs": ["--x"], "environment": {"A": "1"},
                             "speculative": {"algorithm": "DDTREE", "ddtreeBudget": 64}})
     d = config.to_dict(cfg)
-    assert list(d) == ["name", "speculative", *config.KEYS]
+    # the settings file's keys, in order (the NixOS module and `dflashctl serve --settings` read them)
+    assert list(d) == ["name", "speculative", "model", "draftModel", "modelRevision", "draftModelRevision",
+                       "hfTokenFile", "offline", "gpus", "allowSharedGpus", "tpSize", "host", "port",
+                       "grammarBackend", "constrainedJsonDisableAnyWhitespace", "attentionBackend",
+                       "memFractionStatic", "contextLength", "servedModelName", "apiKeyFile", "enableMetrics",
+                       "environment", "extraArgs", "cacheDir", "driverLibraryDir", "startTimeoutSec",
+                       "stallTimeoutSec", "loadFormat", "draftLoadFormat", "skipTokenizerInit", "cudaGraphMaxBs",
+                       "samplingBackend", "disableCudaGraph"]
     assert d["speculative"] == {"algorithm": "DDTREE", "numDraftTokens": None, "ddtreeBudget": 64,
                                 "draftAttentionBackend": None}
     assert (d["gpus"], d["extraArgs"], d["environment"], d["port"]) == ([0, 1], ["--x"], {"A": "1"}, 30000)

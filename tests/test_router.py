@@ -276,7 +276,12 @@ def test_the_settings_file_holds_every_key_and_reads_back():
     cfg = router.from_dict({"workers": W, "instanceUnits": ["dflash-a.service"], "extraArgs": ["--x"],
                             "host": "0.0.0.0", "adminApiKeyFile": "/etc/a"})
     d = router.to_dict(cfg)
-    assert list(d) == list(router.KEYS) and d["workers"] == W and d["extraArgs"] == ["--x"]
+    assert list(d) == ["workers", "instanceUnits", "host", "port", "metricsHost", "metricsPort", "policy",
+                       "healthCheckIntervalSec", "healthCheckTimeoutSec", "healthFailureThreshold",
+                       "healthSuccessThreshold", "circuitBreakerFailures", "circuitBreakerOpenSec", "retries",
+                       "requestTimeoutSec", "workerStartupTimeoutSec", "drainSec", "apiKeyFile", "adminApiKeyFile",
+                       "logLevel", "extraArgs"]
+    assert d["workers"] == W and d["extraArgs"] == ["--x"]
     assert router.from_dict(d) == cfg
     assert cfg.url == "http://127.0.0.1:30080"
     assert router.from_dict({"workers": W, "host": "::", "adminApiKeyFile": "/k"}).url == "http://[::1]:30080"
