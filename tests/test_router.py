@@ -396,6 +396,127 @@ def test_a_router_environment_that_cannot_run_is_a_config_error(tmp_path, capsys
     assert "pass --python the router environment's interpreter (sglang-router 0.3.2 installed" in err
 
 
+URLS = ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
+
+
+def keyed_settings(tmp_path) -> Path:
+    (tmp_path / "api").write_text("s3cret-api\n")
+    (tmp_path / "admin").write_text("s3cret-admin\n")
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"workers": URLS, "apiKeyFile": str(tmp_path / "api"),
+                             "adminApiKeyFile": str(tmp_path / "admin")}))
+    return f
+
+
+def test_the_command_starts_the_router_with_both_keys_and_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    ran = []
+
+    def execv(path, argv):
+        ran.append((path, argv))
+        raise OSError("exec format error")
+    monkeypatch.setattr(router.os, "execv", execv)
+    assert cli.main(["router", "--config", str(keyed_settings(tmp_path)), "--python", "/env/bin/python"]) == errors.CONFIG
+    [(path, argv)] = ran
+    assert path == "/env/bin/python" and argv[:3] == ["/env/bin/python", "-m", "sglang_router.launch_router"]
+    assert argv[argv.index("--api-key") + 1] == "s3cret-api"
+    assert argv[argv.index("--control-plane-api-keys") + 1] == "dflash-admin:dflash admin:admin:s3cret-admin"
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"dflashctl router: http://127.0.0.1:30080 in front of 2 worker(s): {URLS[0]} {URLS[1]}"
+    assert "cannot start the router with /env/bin/python" in err[1] and "exec format error" in "\n".join(err[1:])
+    assert "None" not in "\n".join(err[1:])
+
+
+def test_dry_run_prints_the_argv_with_both_keys_masked(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    assert cli.main(["router", "--config", str(keyed_settings(tmp_path)), "--python", "/env/bin/python",
+                     "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('{\n  "argv": [\n    "/env/bin/python",\n    "-m",\n')  # two spaces a level
+    argv = json.loads(out)["argv"]
+    assert argv[0] == "/env/bin/python" and "s3cret" not in out
+    assert argv[argv.index("--api-key") + 1] == argv[argv.index("--control-plane-api-keys") + 1] == "***"
+    assert argv.count("***") == 2
+
+
+def test_sync_through_the_command_sends_the_admin_key_and_lists_each_change(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    seen = []
+
+    def sync(cfg, admin_key):
+        seen.append((list(cfg.workers), admin_key))
+        return ["http://h:1", "http://h:2"], ["http://h:3", "http://h:4"]
+    monkeypatch.setattr(router, "sync", sync)
+    assert cli.main(["router", "--config", str(keyed_settings(tmp_path)), "--sync"]) == 0
+    assert seen == [(URLS, "s3cret-admin")]
+    assert capsys.readouterr().err.strip() == ("dflashctl router: added http://h:1 http://h:2; "
+                                               "removed http://h:3 http://h:4")
+
+
+def test_bad_settings_through_the_command_name_their_file(tmp_path, capsys):
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"workers": 1}))
+    assert cli.main(["router", "--config", str(f), "--dry-run"]) == errors.CONFIG
+    assert f"invalid router settings in {f}" in capsys.readouterr().err
+    with pytest.raises(DflashError) as e:
+        router.from_dict({"workers": 1})
+    assert e.value.what == "invalid router settings in router settings"
+
+
+def test_dry_run_and_sync_exclude_each_other(tmp_path, capsys):
+    assert cli.main(["router", "--config", str(tmp_path / "r.json"), "--dry-run", "--sync"]) == errors.USAGE
+    assert "argument --sync: not allowed with argument --dry-run" in capsys.readouterr().err
+
+
+def test_the_router_commands_options():
+    parser = cli.build_parser(["router"])
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices["router"]
+    got = [(a.option_strings, a.required, a.default, a.metavar, a.help) for a in sub._actions if a.option_strings
+           and a.dest != "help"]
+    assert got == [
+        (["--config"], True, None, "FILE", "the router settings JSON"),
+        (["--python"], False, sys.executable, "PATH",
+         "the router environment's interpreter (nix/router-lock.json; default: this one)"),
+        (["--dry-run"], False, False, None, "print the router's argv (keys masked) and exit"),
+        (["--sync"], False, False, None, "make the running router's workers the settings' ones, without a restart "
+                                         "(the unit's ExecReload: `systemctl reload dflash-router`)")]
+    assert sub.get_default("func") is router.run
+
+
+def test_each_key_names_its_setting_when_it_cannot_be_read():
+    cfg = router.from_dict({"workers": W, "apiKeyFile": "/nonexistent/api", "adminApiKeyFile": "/nonexistent/adm"})
+    with pytest.raises(DflashError) as e:
+        router.read_keys(cfg, {})
+    assert e.value.what == "cannot read the router's API key /nonexistent/api"
+    assert e.value.fix.startswith("create apiKeyFile /nonexistent/api (readable by root")
+    with pytest.raises(DflashError) as e:
+        router.read_keys(router.from_dict({"workers": W, "adminApiKeyFile": "/nonexistent/adm"}), {})
+    assert e.value.what == "cannot read the router's admin API key /nonexistent/adm"
+    assert e.value.fix.startswith("create adminApiKeyFile /nonexistent/adm (readable by root")
+
+
+def test_router_settings_problems_word_for_word():
+    assert router.problems_of({"workers": W, "prot": 1, "host": "a\x01"})[0] == [
+        "prot: unknown setting (did you mean 'port'?)",
+        'host: contains the control character U+0001 (a newline, tab, NUL or similar would end or corrupt a line '
+        'of the systemd unit); remove it (got "a\\u0001")']
+    assert router.problems_of({"workers": ["http://0.0.0.0:30080", "http://[::]:30081"]})[0] == [
+        f"port: {p} is a worker's port ({u}); choose another for the router (default 30080; instances default "
+        "to 30000 and up)" for p, u in ((30080, "http://0.0.0.0:30080"), (30081, "http://[::]:30081"))]
+    assert router.problems_of({"workers": W, "healthCheckTimeoutSec": 2})[0] == []
+    assert router.problems_of({"workers": W, "healthCheckTimeoutSec": 1})[0] == [
+        "healthCheckTimeoutSec: at least 2 (SGLang's /health takes about 1 s under load; with 1 the router "
+        "admitted no worker at all on the H200)"]
+    many = [f"http://127.0.0.1:{31000 + i}" for i in range(257)]
+    assert router.problems_of({"workers": many[:256]})[0] == []
+    assert router.problems_of({"workers": W, "extraArgs": ["--port=8=9"]})[0] == [
+        "extraArgs: --port is set by the setting port; use that setting"]  # the flag: up to the first "="
+    assert list(router.from_dict({"workers": ["http://nodeX/", "http://10.0.0.2:30000/"]}).workers) == [
+        "http://nodeX", "http://10.0.0.2:30000"]  # the trailing slash only
+    [too_many] = router.problems_of({"workers": many})[0]
+    assert too_many.startswith("workers: must be a list of at most 256 worker URLs (got [")
+
+
 # --- the real router --------------------------------------------------------------------------------
 
 @needs_router
