@@ -481,6 +481,15 @@ def test_the_router_commands_options():
         (["--sync"], False, False, None, "make the running router's workers the settings' ones, without a restart "
                                          "(the unit's ExecReload: `systemctl reload dflash-router`)")]
     assert sub.get_default("func") is router.run
+    subs = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert [c.help for c in subs._choices_actions if c.dest == "router"] == [
+        "run SGLang's router in front of this host's instances"]
+    assert sub.description == ("`dflashctl router --config FILE`: SGLang's router (sglang-router 0.3.2) in front "
+                               "of a host's\ninstances.")
+    assert sub.epilog.splitlines() == [  # docs/cli.md's rows for the command
+        "exit codes (docs/cli.md):", "    0  success", "    1  --sync: the running router refused a change",
+        "    2  bad arguments (argparse, or options that do not go together)",
+        "   78  the settings are invalid or unreadable (not restarted by systemd)", "  130  interrupted (Ctrl-C)"]
 
 
 def test_each_key_names_its_setting_when_it_cannot_be_read():
