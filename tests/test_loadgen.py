@@ -123,7 +123,7 @@ def test_a_streamed_answer_gives_ids_steps_counters_and_a_recording(scripted):
                         junk=[b": keep-alive\n\n", b"event: x\n"]))
     seen, rec = [], loadgen.Recording(request={"x": 1})
     before = time.perf_counter()
-    r = loadgen.generate(loadgen.Endpoint(s.url, "key"), 4, {"input_ids": [1]}, 10, seen.append, rec)
+    r = loadgen.generate(loadgen.Endpoint(s.url, "key"), 4, {"input_ids": [1], "stream": True}, 10, seen.append, rec)
     elapsed = time.perf_counter() - before
     assert r.error is None and r.index == 4 and 0 < r.e2e_s <= elapsed
     assert (r.output_tokens, r.output_ids, r.commits, r.chunks) == (5, [7, 8, 9, 10, 11], [1, 2, 2], 3)
@@ -132,21 +132,39 @@ def test_a_streamed_answer_gives_ids_steps_counters_and_a_recording(scripted):
     assert seen == [1, 2, 2]  # new tokens as they arrive
     assert rec.chunk_tokens == [1, 3, 5] and rec.final == chunk([7, 8, 9, 10, 11], 5, **SPEC)
     method, path, headers, body = s.requests[0]
-    assert (method, path, body) == ("POST", "/generate", {"input_ids": [1]})
+    assert (method, path, body) == ("POST", "/generate", {"input_ids": [1], "stream": True})
     assert headers["Authorization"] == "Bearer key" and headers["Content-Type"] == "application/json"
 
 
 def test_an_incremental_stream_and_a_plain_finish_reason(scripted):
     s = scripted(stream([chunk([7], 1), chunk([8, 9], 3), chunk([10], 4, finish_reason="stop")], space=b""))
-    r = loadgen.generate(loadgen.Endpoint(s.url), 0, {}, 10)
+    r = loadgen.generate(loadgen.Endpoint(s.url), 0, {"stream": True}, 10)
     assert (r.output_ids, r.commits, r.finish_reason, r.spec_verify_ct, r.spec_accept_length) == (
         [7, 8, 9, 10], [1, 2, 1], "stop", 0, None)
     assert "Authorization" not in s.requests[0][2]
 
 
+def test_an_unstreamed_answer_is_one_json_object(scripted):
+    """Without "stream": true (the sweep's requests) SGLang answers with one object, or a list
+    of one (its batch form): one chunk, no steps, no time to first token."""
+    final = chunk([7, 8, 9], 3, **SPEC)
+    for answer in (final, [final]):
+        s = scripted(lambda h, b, a=answer: reply(h, 200, json.dumps(a).encode()))
+        seen = []
+        r = loadgen.generate(loadgen.Endpoint(s.url), 2, {"input_ids": [1]}, 10, seen.append)
+        assert r.error is None and r.index == 2
+        assert (r.output_tokens, r.output_ids, r.chunks, r.commits, r.ttft_s) == (3, [7, 8, 9], 1, None, None)
+        assert (r.spec_verify_ct, r.spec_accept_length, r.finish_reason, seen) == (2, 2.5, "length", [3])
+    for answer, error in (({"error": {"message": "boom"}}, "server error: {'message': 'boom'}"),
+                          ([], "server error: []"), ("x", "server error: 'x'")):
+        s = scripted(lambda h, b, a=answer: reply(h, 200, json.dumps(a).encode()))
+        r = loadgen.generate(loadgen.Endpoint(s.url), 0, {"stream": False}, 10)
+        assert (r.error, r.output_ids, r.output_tokens) == (error, None, 0)
+
+
 def test_tokens_are_counted_from_ids_without_completion_tokens(scripted):
     s = scripted(stream([{"output_ids": [7]}, {"output_ids": [7, 8]}, {"output_ids": [7, 8, 9], "meta_info": {}}]))
-    r = loadgen.generate(loadgen.Endpoint(s.url), 0, {}, 10)
+    r = loadgen.generate(loadgen.Endpoint(s.url), 0, {"stream": True}, 10)
     assert (r.output_tokens, r.output_ids, r.commits) == (3, [7, 8, 9], [1, 1, 1])
 
 
@@ -155,7 +173,7 @@ def test_a_chunk_without_tokens_is_no_first_token(scripted):
     least that second (the server cannot send it sooner), and a chunk adding nothing is no step."""
     s = scripted(stream([chunk([], 0), chunk([5], 1), chunk([5], 1), chunk([5, 6], 2)], gap=1.0, gap_after=2))
     seen = []
-    r = loadgen.generate(loadgen.Endpoint(s.url), 0, {}, 10, seen.append)
+    r = loadgen.generate(loadgen.Endpoint(s.url), 0, {"stream": True}, 10, seen.append)
     assert r.chunks == 4 and r.commits == [1, 1] and r.output_ids == [5, 6] and seen == [1, 1]
     # at the first token: a second after the start, and (by the second gap) well before the end
     assert r.ttft_s >= 1.0 and r.e2e_s - r.ttft_s >= 0.5
@@ -176,9 +194,10 @@ def test_ids_the_stream_did_not_carry_are_none():
 
 def test_a_server_that_never_answers_times_the_request_out(scripted):
     s = scripted(lambda h, b: time.sleep(3))
-    r = loadgen.generate(loadgen.Endpoint(s.url), 0, {}, 0.3)
+    r = loadgen.generate(loadgen.Endpoint(s.url), 0, {"stream": True}, 0.3)
     assert r.error.startswith("TimeoutError: ")
-    phase = loadgen.run_phase(loadgen.Endpoint(s.url), "sequential", [{}], 1, 0.3, lambda: None, lambda m: None)
+    phase = loadgen.run_phase(loadgen.Endpoint(s.url), "sequential", [{"stream": True}], 1, 0.3, lambda: None,
+                              lambda m: None)
     assert phase.requests[0].error.startswith("TimeoutError: ")  # the phase's timeout reaches each request
     with pytest.raises(DflashError, match="TimeoutError"):
         loadgen.get_json(loadgen.Endpoint(s.url), "/server_info", timeout=0.3)
@@ -193,14 +212,14 @@ def test_a_server_that_never_answers_times_the_request_out(scripted):
 ])
 def test_failures_end_up_in_the_result(scripted, answer, error):
     s = scripted(answer)
-    r = loadgen.generate(loadgen.Endpoint(s.url), 1, {}, 10)
+    r = loadgen.generate(loadgen.Endpoint(s.url), 1, {"stream": True}, 10)
     assert (r.error == error if error.startswith("HTTP") else r.error.startswith(error))
     assert r.output_ids is None and r.output_tokens == 0
 
 
 def test_an_unreachable_server_is_an_error_not_an_exception():
     before = time.perf_counter()
-    r = loadgen.generate(loadgen.Endpoint("http://127.0.0.1:9"), 0, {}, 5)
+    r = loadgen.generate(loadgen.Endpoint("http://127.0.0.1:9"), 0, {"stream": True}, 5)
     assert r.error.startswith("ConnectionRefusedError: ") and 0 < r.e2e_s <= time.perf_counter() - before
 
 
@@ -249,7 +268,7 @@ def test_a_phase_runs_every_body_bounded_and_in_order(scripted):
             state["now"] -= 1
     s = scripted(answer)
     watched, said, recs = [], [], []
-    bodies = [{"i": i} for i in range(6)]
+    bodies = [{"i": i, "stream": True} for i in range(6)]
     before = time.perf_counter()
     phase = loadgen.run_phase(loadgen.Endpoint(s.url), "concurrent", bodies, 2, 10, lambda: watched.append(1),
                               said.append, recs)
@@ -268,7 +287,7 @@ def test_a_phase_runs_every_body_bounded_and_in_order(scripted):
 
 def test_without_recordings_nothing_is_recorded(scripted):
     s = scripted(stream([chunk([1], 1)]))
-    phase = loadgen.run_phase(loadgen.Endpoint(s.url), "sequential", [{}], 1, 10, lambda: None, lambda m: None)
+    phase = loadgen.run_phase(loadgen.Endpoint(s.url), "sequential", [{"stream": True}], 1, 10, lambda: None, lambda m: None)
     assert phase.requests[0].output_ids == [1] and phase.requests[0].error is None
 
 
@@ -286,7 +305,7 @@ def test_a_dead_server_ends_the_phase_through_watch_and_nothing_more_is_sent(scr
         raise DflashError("server died", "exit 1", "read the log")
     try:
         with pytest.raises(DflashError, match="server died"):
-            loadgen.run_phase(loadgen.Endpoint(s.url), "concurrent", [{}] * 3, 1, 30, watch, lambda m: None)
+            loadgen.run_phase(loadgen.Endpoint(s.url), "concurrent", [{"stream": True}] * 3, 1, 30, watch, lambda m: None)
         assert finished == []  # ended while the request still hung
     finally:
         hold.set()
@@ -302,7 +321,7 @@ def test_a_long_phase_says_how_far_it_got(scripted):
         stream([chunk([1], 1), chunk([1, 2], 2)])(h, body)
     s = scripted(answer)
     said = []
-    loadgen.run_phase(loadgen.Endpoint(s.url), "concurrent", [{"i": i} for i in range(6)], 2, 10, lambda: None,
+    loadgen.run_phase(loadgen.Endpoint(s.url), "concurrent", [{"i": i, "stream": True} for i in range(6)], 2, 10, lambda: None,
                       said.append)
     assert len(said) == 1 and said[0] == "concurrent: 5/6 requests done, 10 tokens, 2s"
 
