@@ -156,7 +156,8 @@ def test_an_unstreamed_answer_is_one_json_object(scripted):
         assert (r.output_tokens, r.output_ids, r.chunks, r.commits, r.ttft_s) == (3, [7, 8, 9], 1, None, None)
         assert (r.spec_verify_ct, r.spec_accept_length, r.finish_reason, seen) == (2, 2.5, "length", [3])
     for answer, error in (({"error": {"message": "boom"}}, "server error: {'message': 'boom'}"),
-                          ([], "server error: []"), ("x", "server error: 'x'")):
+                          ([], "server error: []"), ("x", "server error: 'x'"),
+                          ({"error": "e" * 400}, "server error: '" + "e" * 285)):  # cut at 300 characters
         s = scripted(lambda h, b, a=answer: reply(h, 200, json.dumps(a).encode()))
         r = loadgen.generate(loadgen.Endpoint(s.url), 0, {"stream": False}, 10)
         assert (r.error, r.output_ids, r.output_tokens) == (error, None, 0)
