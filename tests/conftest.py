@@ -44,3 +44,19 @@ def prometheus_or_skip() -> Path:
         pytest.fail("prometheus and promtool are missing but tests/run requires them (it unpacks Debian's "
                     f"prometheus package into $DFLASH_PROMETHEUS_DIR={where}; see its output)")
     pytest.skip("prometheus/promtool not found: run tests/run (it unpacks Debian's package), or put them on PATH")
+
+
+def update_golden(path: Path, text: str) -> None:
+    """DFLASH_UPDATE_GOLDEN=1 writes `text` to the golden `path`; a golden that changed skips its
+    test, saying so, so that an update run never reports a pass. Refused where CI is set: a golden
+    is rewritten on a developer's machine and its diff reviewed, never made to agree in CI."""
+    if os.environ.get("DFLASH_UPDATE_GOLDEN") != "1":
+        return
+    if os.environ.get("CI"):
+        pytest.fail("DFLASH_UPDATE_GOLDEN=1 with CI set: goldens are rewritten on a developer's machine "
+                    "(and the diff reviewed), never in CI")
+    changed = not path.exists() or path.read_text() != text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if changed:
+        pytest.skip(f"rewrote the golden {path}: review the diff (git diff), then run the tests again")

@@ -31,6 +31,17 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
     [str(REPO / "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
 
 
+# The defaults as docs/service.md ("Router", settings table) gives them, each with what was measured
+# behind it (health checks every 2 s and a dead worker out after two: ~4 s; 3 circuit-breaker
+# failures stop 0.3.2's retries going back to a dead worker; ...). Written here, not read.
+MEASURED_DEFAULTS = {
+    "host": "127.0.0.1", "port": 30080, "metricsHost": "127.0.0.1", "metricsPort": 30081, "policy": "round_robin",
+    "healthCheckIntervalSec": 2, "healthCheckTimeoutSec": 5, "healthFailureThreshold": 2,
+    "healthSuccessThreshold": 1, "circuitBreakerFailures": 3, "circuitBreakerOpenSec": 5, "retries": 3,
+    "requestTimeoutSec": 300, "workerStartupTimeoutSec": 3600, "drainSec": 30,
+}
+
+
 def free_port(at_most: int = 65535) -> int:
     """A free port on 127.0.0.1; `at_most` 55535 for an instance (SGLang takes port + 10000 too)."""
     for _ in range(200):

@@ -82,4 +82,4 @@ def test_smoke_starts_its_server_in_serves_child_environment(tmp_path, fake_driv
         fleet.stop_all(started)
     assert s.server.env == child_env(s.cfg, sys.executable).env
     assert s.server.env["LD_LIBRARY_PATH"].split(os.pathsep)[1] == "/some/where"
-    assert s.server.env["DFLASHCTL_SMOKE_RUN"] == "baseline"
+    assert s.server.env["SGLANG_LOG_MS"] == "1"  # the smoke's own setting, on top of serve's

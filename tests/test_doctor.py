@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import update_golden
 
 from dflashctl import errors
 
@@ -25,7 +26,6 @@ VARIANTS = {
     "old": ["xgrammar==0.1.10"],  # the second host of the story: old xgrammar, no soundfile
     "nocffi": ["xgrammar==0.1.32", "soundfile==0.13.1"],  # soundfile without its cffi backend
 }
-UPDATE = os.environ.get("DFLASH_UPDATE_GOLDEN") == "1"
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 
@@ -147,8 +147,7 @@ def normalise_table(text: str, venvs: dict, lock: Path) -> str:
 
 def golden(name: str, text: str) -> None:
     path = DATA / name
-    if UPDATE:
-        path.write_text(text)
+    update_golden(path, text)
     assert text == path.read_text()
 
 

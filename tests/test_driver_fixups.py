@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, nix_or_skip
+from conftest import REPO, nix_or_skip, update_golden
 from fakehost import V580, fake_nvml
 from nixeval import nix_env
 
@@ -69,8 +69,7 @@ def test_golden_patched_excerpt(name, tmp_path):
     done = run_fixup(name, tmp_path)
     assert done.returncode == 0, done.stderr
     golden = DATA / (Path(PATCHED[name]).name + ".patched")
-    if os.environ.get("DFLASH_UPDATE_GOLDEN") == "1":
-        golden.write_text(target.read_text())
+    update_golden(golden, target.read_text())
     assert target.read_text() == golden.read_text()
     assert "/run/opengl-driver/lib/" in golden.read_text()
     compile(golden.read_text(), str(golden), "exec")  # still Python

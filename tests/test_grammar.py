@@ -5,6 +5,7 @@ grammar with the synthetic tokenizer (checked while writing this; the H200 run r
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +56,18 @@ def test_structural_tag_is_xgrammars_format_form():
     assert (tag["format"]["begin"], tag["format"]["end"]) == ("<call>", "</call>")
     kinds = [e["type"] for e in tag["format"]["content"]["elements"]]
     assert kinds == ["const_string", "json_schema", "const_string"]
+
+
+def test_the_requests_are_those_sglang_answered_on_the_h200():
+    """Each constrained request, body for body (the model name aside), as the grammar phase sent it
+    on the H200 (tests/data/smoke/h200-grammar): the stand-in answers only these."""
+    recorded = json.loads((Path(__file__).parent / "data" / "smoke" / "h200-grammar" / "baseline.json").read_text())
+    bodies = [(g["request"]["path"], {k: v for k, v in g["request"]["body"].items() if k != "model"})
+              for g in recorded["grammar"]]
+    ours = [("/generate", grammar.generate_body(c)) if c.api == "generate" else
+            ("/v1/chat/completions", {k: v for k, v in grammar.chat_body(c, "m").items() if k != "model"})
+            for c in grammar.CASES]
+    assert ours == bodies
 
 
 def test_requests_carry_one_constraint_each():

@@ -73,6 +73,10 @@ def test_build_directory_is_the_one_tvm_ffis_build_inline_picks(tmp_path, monkey
 
 @pytest.fixture
 def standin(tmp_path):
+    return _standin(tmp_path)
+
+
+def _standin(tmp_path):
     src = tmp_path / "standin"
     (src / "include").mkdir(parents=True)
     (src / "include" / "add.h").write_text("#include <cstdint>\ninline int64_t dflash_add(int64_t a, int64_t b) "
@@ -151,20 +155,35 @@ def test_a_miss_with_an_unwritable_cache_fails_at_once_with_the_fix(standin, tmp
     assert "dflashctl kernels build" in p.stderr
 
 
-@needs_cxx
-@needs_nvcc
-def test_cuda_modules_build_for_a_named_arch_without_a_gpu(standin, tmp_path):
-    src, env = standin
-    out = tmp_path / "prebuilt"
+@pytest.fixture(scope="module")
+def sm90_build(tmp_path_factory):
+    """One CUDA module built for sm90 without a GPU: (env, prebuilt directory, its .so)."""
+    root = tmp_path_factory.mktemp("sm90")
+    _, env = _standin(root)
+    out = root / "prebuilt"
     kernels.build(sys.executable, out, ["sm90"], [["standin_jit", "build_cuda", [1]]], env)
     [so] = out.glob("standin_cuda_1_*/standin_cuda_1.so")
-    if (CUDA / "bin" / "cuobjdump").exists():  # not in every toolkit (this machine's has no cuobjdump)
-        sass = subprocess.run([str(CUDA / "bin" / "cuobjdump"), "--list-elf", str(so)], capture_output=True, text=True)
-        assert "sm_90" in sass.stdout and "sm_100" not in sass.stdout, sass.stdout + sass.stderr
+    return env, out, so
+
+
+@needs_cxx
+@needs_nvcc
+def test_cuda_modules_build_for_a_named_arch_without_a_gpu(sm90_build, tmp_path):
+    env, out, _ = sm90_build
     hit = run_child(env, "import standin_jit; standin_jit.build_cuda(1)", out,
                     tmp_path / "cache")
     assert hit.returncode == 0, hit.stderr
     assert "loaded standin_cuda_1" in hit.stderr and not (tmp_path / "cache").exists()
+
+
+@needs_cxx
+@needs_nvcc
+def test_a_module_built_for_sm90_holds_sass_for_sm90_only(sm90_build):
+    if not (CUDA / "bin" / "cuobjdump").exists():  # not in every toolkit (this machine's has none)
+        pytest.skip(f"no {CUDA}/bin/cuobjdump: the module's SASS architectures are not listed here")
+    sass = subprocess.run([str(CUDA / "bin" / "cuobjdump"), "--list-elf", str(sm90_build[2])], capture_output=True,
+                          text=True)
+    assert "sm_90" in sass.stdout and "sm_100" not in sass.stdout, sass.stdout + sass.stderr
 
 
 def test_the_store_is_never_the_writable_cache(tmp_path):

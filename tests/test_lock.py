@@ -204,6 +204,113 @@ def test_every_broken_rule_reported_at_once():
     assert "lock was not written" in e.value.fix
 
 
+# --- contract.check on its own: hand-made locks, one rule broken at a time ----------------------
+
+def wheel(name, version):
+    return lockfile.LockedWheel(name, version, f"{name}-{version}-py3-none-any.whl", 1, "0" * 64)
+
+
+STACK = {"torch": wheel("torch", "2.11.0"), "cuda-toolkit": wheel("cuda-toolkit", "13.0.2"),
+         "triton": wheel("triton", "3.6.0"), "sglang-kernel": wheel("sglang-kernel", "0.4.2"),
+         "xgrammar": wheel("xgrammar", "0.1.32"), "soundfile": wheel("soundfile", "0.13.1")}
+TORCH_REQUIRES = ["cuda-toolkit[cublas]==13.0.2; platform_system == 'Linux'", "triton==3.6.0; platform_system == 'Linux'",
+                  "nvidia-cudnn-cu13==9.19.0.56; platform_machine == 'x86_64'", "filelock", "sympy>=1.13.3",
+                  "opt-einsum>=3.3; extra == 'opt-einsum'", "setuptools; python_version >= '3.12'"]
+CONTRACT = specmod.Contract(torch="2.11.0", cuda="13.0", sglang_kernel="0.4.2", xgrammar="0.1.32",
+                            required=("soundfile",))
+
+
+def broken(packages=None, requires=TORCH_REQUIRES, contract=CONTRACT, system=X86):
+    from dflashctl.lock import contract as contractmod
+    return contractmod.check(contract, system, {**STACK, **(packages or {})} if packages is not None else STACK,
+                             requires, "3.12")
+
+
+def test_the_stack_keeps_the_contract_on_both_systems():
+    assert broken() == [] and broken(system=ARM) == []
+
+
+def test_torchs_requirements_follow_the_systems_markers():
+    from dflashctl.lock import contract as contractmod
+    x86 = contractmod.torch_requirements(TORCH_REQUIRES, X86, "3.12")
+    assert list(x86) == ["cuda-toolkit", "triton", "nvidia-cudnn-cu13", "filelock", "sympy", "setuptools"]
+    assert "setuptools" not in contractmod.torch_requirements(TORCH_REQUIRES, X86, "3.11")  # the lock's Python decides
+    assert "nvidia-cudnn-cu13" not in contractmod.torch_requirements(TORCH_REQUIRES, ARM, "3.12")
+    assert str(x86["cuda-toolkit"].specifier) == "==13.0.2"
+
+
+@pytest.mark.parametrize("spec_, line", [("==13.0.2", "13.0.2"), ("==13.0.*", "13.0"), ("===13.0", "13.0"),
+                                         (">=13.0", None), ("==13.0.2,<14", None), ("", None)])
+def test_one_pin_is_a_line_anything_else_is_none(spec_, line):
+    from packaging.requirements import Requirement
+
+    from dflashctl.lock import contract as contractmod
+    assert contractmod._pinned_line(Requirement(f"cuda-toolkit{spec_}")) == line
+
+
+def test_a_version_in_a_line_compares_release_numbers():
+    from dflashctl.lock import contract as contractmod
+    assert contractmod._in_line("13.0.2", "13.0") and contractmod._in_line("13.0", "13.0")
+    assert not contractmod._in_line("13.1.0", "13.0") and not contractmod._in_line("12.8.1", "13")
+    assert not contractmod._in_line("13.0.2", "13.0.3") and not contractmod._in_line("x", "13.0")
+    assert not contractmod._in_line("13.0", "y")
+
+
+def test_each_rule_names_package_system_expectation_and_finding():
+    no = {k: v for k, v in STACK.items() if k not in ("xgrammar", "soundfile")}
+    from dflashctl.lock import contract as contractmod
+    assert contractmod.check(CONTRACT, X86, no, TORCH_REQUIRES, "3.12") == [
+        f"xgrammar on {X86}: expected 0.1.32, found no xgrammar in the lock",
+        f"soundfile on {X86}: expected in the lock (the contract requires it), found nothing"]
+    assert broken({"torch": wheel("torch", "2.10.0")}) == [f"torch on {X86}: expected 2.11.0, found 2.10.0"]
+    assert broken({"sglang-kernel": wheel("sglang-kernel", "0.4.1")}) == [
+        f"sglang-kernel on {X86}: expected 0.4.2, found 0.4.1"]
+    assert broken(requires=[r for r in TORCH_REQUIRES if not r.startswith("cuda-toolkit")]) == [
+        f"torch on {X86}: expected torch-2.11.0-py3-none-any.whl to require cuda-toolkit==13.0.*, found no CUDA "
+        "toolkit requirement (a CPU build?)"]
+    assert broken(requires=["cuda-toolkit>=12", "triton==3.6.0"]) == [
+        f"torch on {X86}: expected torch-2.11.0-py3-none-any.whl to require cuda-toolkit==13.0.*, found "
+        "cuda-toolkit>=12"]
+    assert broken(requires=["cuda-toolkit==12.8.1", "triton==3.6.0"]) == [
+        f"torch on {X86}: expected torch-2.11.0-py3-none-any.whl to require cuda-toolkit==13.0.*, found "
+        "cuda-toolkit==12.8.1"]
+    assert broken({"cuda-toolkit": wheel("cuda-toolkit", "12.8.1")}) == [
+        f"cuda-toolkit on {X86}: expected 13.0.* (torch requires ==13.0.2), found 12.8.1"]
+    none = {k: v for k, v in STACK.items() if k != "cuda-toolkit"}
+    assert contractmod.check(CONTRACT, X86, none, TORCH_REQUIRES, "3.12") == [
+        f"cuda-toolkit on {X86}: expected 13.0.* (torch requires ==13.0.2), found none"]
+
+
+def test_the_triton_rule_wants_the_one_release_torch_pins():
+    from dflashctl.lock import contract as c
+    assert broken(requires=["cuda-toolkit==13.0.2"]) == [
+        f"triton on {X86}: expected torch 2.11.0 to pin triton, found no triton requirement in "
+        "torch-2.11.0-py3-none-any.whl"]
+    assert broken(requires=["cuda-toolkit==13.0.2", "triton>=3.5"]) == [
+        f"triton on {X86}: expected torch to pin one triton release, found triton>=3.5"]
+    assert broken({"triton": wheel("triton", "3.5.1")}) == [
+        f"triton on {X86}: expected ==3.6.0 (what torch 2.11.0 requires), found 3.5.1"]
+    no_triton = {k: v for k, v in STACK.items() if k != "triton"}
+    assert c.check(CONTRACT, X86, no_triton, TORCH_REQUIRES, "3.12") == [
+        f"triton on {X86}: expected ==3.6.0 (what torch 2.11.0 requires), found none"]
+    assert broken({"triton": wheel("triton", "3.6.0rc1")}, requires=["cuda-toolkit==13.0.2", "triton==3.6.0rc1"]) == []
+    # a release candidate inside the pinned line keeps it (torch nightlies pin triton so)
+    assert broken({"triton": wheel("triton", "3.6.0rc1")}, requires=["cuda-toolkit==13.0.2", "triton==3.6.*"]) == []
+    # a requirement for the lock's Python (3.12) counts, the later line of a name wins
+    assert broken(requires=[*TORCH_REQUIRES, "triton==3.7.*; python_version >= '3.12'"]) == [
+        f"triton on {X86}: expected ==3.7.* (what torch 2.11.0 requires), found 3.6.0"]
+
+
+def test_rules_without_their_facts_are_off():
+    from dflashctl.lock import contract as c
+    off = specmod.Contract()
+    assert c.check(off, X86, {}, None, "3.12") == []
+    no_torch = {k: v for k, v in STACK.items() if k != "torch"}
+    assert c.check(dataclasses.replace(CONTRACT, torch=None), X86, no_torch, TORCH_REQUIRES, "3.12") == []
+    assert c.check(CONTRACT, X86, STACK, None, "3.12") == []  # torch's metadata not fetched: its rules wait
+    assert broken(requires=["triton==3.6.0"], contract=dataclasses.replace(CONTRACT, cuda=None)) == []
+
+
 # --- determinism and the lock text -----------------------------------------------------------
 
 def test_same_input_gives_byte_identical_lock():
@@ -256,6 +363,152 @@ def test_diff_kinds():
     assert kinds == {(ARM, "numpy"): "upgraded", (X86, "pycparser"): "added", (X86, "left-pad"): "removed"}
     assert "upgraded" in lockdiff.table(lockdiff.diff(old, lock))
     assert lockdiff.diff(lock, lock) == []
+
+
+def test_every_kind_of_change_is_named_in_the_order_a_reader_cares_about():
+    lock = build()
+    old = _edited(lock, X86, "torch", sha256="f" * 64)  # re-hashed
+    old = _edited(old, ARM, "numpy", version="9.0.0")  # downgraded (new is older)
+    old = _edited(old, X86, "numpy", file="numpy-x.whl")  # same version, another file
+    old = _edited(old, X86, "packaging", dependencies=("left-pad",))
+    old = _edited(old, ARM, "torch", size=1)  # re-hashed by its size alone
+    old.python, old.roots = "3.11", {**old.roots, X86: ["torch"]}
+    changes = lockdiff.diff(old, lock)
+    assert [(c.system, c.package, c.kind) for c in changes] == [
+        (ARM, "torch", "re-hashed"), (X86, "torch", "re-hashed"), (ARM, "numpy", "downgraded"),
+        (X86, "numpy", "re-wheeled"), (X86, "packaging", "deps"), ("*", "python", "setting"),
+        (X86, "roots", "setting")]
+    by = {(c.system, c.package): c for c in changes}
+    t, a = lock.systems[X86]["torch"], lock.systems[ARM]["torch"]
+    assert (by[X86, "torch"].old, by[X86, "torch"].new) == (f"{'f' * 16}… {t.size} B", f"{t.sha256[:16]}… {t.size} B")
+    assert by[ARM, "torch"].old == f"{a.sha256[:16]}… 1 B"
+    assert (by[ARM, "numpy"].old, by[ARM, "numpy"].new) == ("9.0.0", lock.systems[ARM]["numpy"].version)
+    assert (by[X86, "numpy"].old, by[X86, "numpy"].new) == ("numpy-x.whl", lock.systems[X86]["numpy"].file)
+    assert by[X86, "packaging"].old == "left-pad"
+    assert by[X86, "packaging"].new == " ".join(sorted(lock.systems[X86]["packaging"].dependencies))
+    assert (by["*", "python"].old, by["*", "python"].new) == ("3.11", lock.python)
+    assert by[X86, "roots"].old == "torch" and by[X86, "roots"].new == " ".join(sorted(lock.roots[X86]))
+    added = lockdiff.diff(lock, old)  # the other way round: an older version is an upgrade
+    assert ("upgraded", "9.0.0") in {(c.kind, c.new) for c in added}
+    assert lockdiff.as_json(changes)[0] == {"system": ARM, "package": "torch", "kind": "re-hashed",
+                                            "old": f"{a.sha256[:16]}… 1 B", "new": f"{a.sha256[:16]}… {a.size} B"}
+
+
+def test_added_removed_and_whole_systems_name_what_changed():
+    lock = build()
+    old = lockfile.parse(json.loads(lock.dumps()))
+    gone = old.systems[X86].pop("pycparser")
+    old.systems[X86]["left-pad"] = dataclasses.replace(lock.systems[X86]["packaging"], name="left-pad")
+    old.systems[X86]["packaging"] = dataclasses.replace(old.systems[X86]["packaging"], dependencies=("a", "b"))
+    old.systems["riscv64-linux"] = {"numpy": lock.systems[X86]["numpy"]}
+    old.roots = {X86: lock.roots[X86]}  # none recorded for aarch64: every root is new there
+    by = {(c.system, c.package): c for c in lockdiff.diff(old, lock)}
+    assert (by[X86, "pycparser"].kind, by[X86, "pycparser"].old, by[X86, "pycparser"].new) == (
+        "added", "", f"{gone.version} {gone.file}")
+    left = lock.systems[X86]["packaging"]
+    assert (by[X86, "left-pad"].kind, by[X86, "left-pad"].old, by[X86, "left-pad"].new) == (
+        "removed", f"{left.version} {left.file}", "")
+    assert (by[X86, "packaging"].kind, by[X86, "packaging"].old) == ("deps", "a b")
+    assert by["riscv64-linux", "numpy"].kind == "removed"
+    assert (by[ARM, "roots"].old, by[ARM, "roots"].new) == ("", " ".join(sorted(lock.roots[ARM])))
+    assert by[ARM, "roots"].kind == "setting" and (X86, "roots") not in by
+    table = lockdiff.table([by[X86, "left-pad"]]).splitlines()[1]
+    assert table.split()[-1] == "-" and table.split()[2] == "removed"
+
+
+def test_a_system_added_or_dropped_whole_lists_every_package_and_its_roots():
+    lock = build()
+    arm = lock.systems[ARM]
+    without = lockfile.parse(json.loads(lock.dumps()))
+    del without.systems[ARM], without.roots[ARM]
+    added = {(c.package, c.kind, c.old, c.new) for c in lockdiff.diff(without, lock) if c.system == ARM}
+    assert added == {("roots", "setting", "", "packaging sglang-kernel soundfile torch triton xgrammar"),
+                     *{(n, "added", "", f"{w.version} {w.file}") for n, w in arm.items()}}
+    dropped = {(c.package, c.kind, c.old, c.new) for c in lockdiff.diff(lock, without) if c.system == ARM}
+    assert dropped == {("roots", "setting", "packaging sglang-kernel soundfile torch triton xgrammar", ""),
+                       *{(n, "removed", f"{w.version} {w.file}", "") for n, w in arm.items()}}
+    (deps,) = lockdiff.diff(lock, _edited(lock, X86, "packaging", dependencies=("b", "a")))
+    assert (deps.kind, deps.old, deps.new) == ("deps", " ".join(sorted(lock.systems[X86]["packaging"].dependencies)),
+                                               "a b")
+
+
+def test_a_version_that_is_not_pep_440_counts_as_an_upgrade():
+    lock = build()
+    old = _edited(lock, X86, "numpy", version="not-a-version")
+    (change,) = lockdiff.diff(old, lock)
+    assert change.kind == "upgraded"
+
+
+def test_the_diff_table_lines_up_its_columns():
+    changes = [lockdiff.Change(X86, "torch", "re-hashed", "aaaa… 1 B", "bbbb… 2 B"),
+               lockdiff.Change("*", "python", "setting", "", "3.12")]
+    assert lockdiff.table(changes).splitlines() == [
+        "SYSTEM        PACKAGE  CHANGE     OLD        NEW",
+        "x86_64-linux  torch    re-hashed  aaaa… 1 B  bbbb… 2 B",
+        "*             python   setting    -          3.12"]
+    assert lockdiff.table([]) == "no changes"
+
+
+# --- `lock --check` offline: the committed lock against a resolution given here ---------------
+
+def check(tmp_path, committed_text: str, fresh, json_out=False, monkeypatch=None):
+    from types import SimpleNamespace
+
+    from dflashctl.lock import lock as lockcmd
+    (tmp_path / "python-lock.json").write_text(committed_text)
+    monkeypatch.setattr(lockcmd, "resolve", lambda spec, quiet, licences: fresh)
+    args = SimpleNamespace(lock=tmp_path / "python-lock.json", spec="nix/stack.toml", json=json_out, quiet=True)
+    return lockcmd._cmd_check(args, spec())
+
+
+def test_check_passes_an_up_to_date_lock(tmp_path, monkeypatch, capsys):
+    lock = build()
+    assert check(tmp_path, lock.dumps(), lock, monkeypatch=monkeypatch) == 0
+    assert "is up to date with nix/stack.toml" in capsys.readouterr().err
+    assert check(tmp_path, lock.dumps(), lock, json_out=True, monkeypatch=monkeypatch) == 0
+    assert json.loads(capsys.readouterr().out) == {"up_to_date": True, "changes": []}
+
+
+@pytest.mark.parametrize("change", [{"sha256": "0" * 64}, {"size": 12345}], ids=["sha256", "size"])
+def test_check_calls_an_edited_hash_or_size_tampering(tmp_path, monkeypatch, capsys, change):
+    lock = build()
+    forged = _edited(lock, ARM, "torch", **change)
+    with pytest.raises(DflashError) as e:
+        check(tmp_path, forged.dumps(), lock, monkeypatch=monkeypatch)
+    assert e.value.what == f"{tmp_path / 'python-lock.json'} was tampered with"
+    assert e.value.why == ("the sha256 or size of the same wheel file differs from the index for torch "
+                           "(aarch64-linux); the index never changes a published file, so the lock was edited")
+    assert e.value.fix == "restore the lock from git or regenerate it with `dflashctl lock`"
+    assert e.value.exit_code == errors.FAILED
+    assert capsys.readouterr().out.splitlines()[1].split()[:3] == [ARM, "torch", "re-hashed"]
+
+
+def test_check_calls_a_newer_resolution_stale_and_a_reformatted_lock_not_canonical(tmp_path, monkeypatch):
+    lock = build()
+    older = _edited(lock, X86, "numpy", version="1.0.0")
+    with pytest.raises(DflashError) as e:
+        check(tmp_path, older.dumps(), lock, monkeypatch=monkeypatch)
+    assert e.value.what.endswith("python-lock.json is stale")
+    assert e.value.why == "1 difference(s) from a fresh resolution of nix/stack.toml (table above)"
+    assert e.value.fix == "run `dflashctl lock` and commit nix/stack.toml and the lock together"
+    older.spec_sha256 = "0" * 64
+    with pytest.raises(DflashError) as e:
+        check(tmp_path, older.dumps(), lock, monkeypatch=monkeypatch)
+    assert e.value.why.endswith("; stack.toml changed since the lock was written")
+    with pytest.raises(DflashError) as e:
+        check(tmp_path, json.dumps(json.loads(lock.dumps())), lock, monkeypatch=monkeypatch)  # same content, other text
+    assert e.value.what.endswith("is not in canonical form") and e.value.exit_code == errors.FAILED
+
+
+def test_check_json_lists_the_changes_of_a_tampered_lock(tmp_path, monkeypatch, capsys):
+    """With --json the failure's error object carries the comparison (cli prints it)."""
+    lock = build()
+    with pytest.raises(DflashError) as e:
+        check(tmp_path, _edited(lock, X86, "torch", sha256="0" * 64).dumps(), lock, json_out=True,
+              monkeypatch=monkeypatch)
+    assert capsys.readouterr().out == ""  # no table in front of the JSON
+    out = e.value.result
+    assert out["up_to_date"] is False and [c["kind"] for c in out["changes"]] == ["re-hashed"]
 
 
 # --- the spec --------------------------------------------------------------------------------

@@ -3,12 +3,11 @@ tests/nix/expected/<name>.json. After an intended change (a new lock, a new fix-
 goldens with DFLASH_UPDATE_GOLDEN=1 and read the diff."""
 
 import json
-import os
 import subprocess
 
 import pytest
 
-from conftest import REPO, nix_or_skip
+from conftest import REPO, nix_or_skip, update_golden
 from nixeval import eval_file, eval_json, nix_env
 
 NIX_TESTS = REPO / "tests" / "nix"
@@ -23,8 +22,7 @@ def test_golden(case):
     nix = nix_or_skip()
     actual = eval_json(nix, NIX_TESTS / f"{case}.nix")
     golden = EXPECTED / f"{case}.json"
-    if os.environ.get("DFLASH_UPDATE_GOLDEN") == "1":
-        golden.write_text(json.dumps(actual, indent=2, sort_keys=True) + "\n")
+    update_golden(golden, json.dumps(actual, indent=2, sort_keys=True) + "\n")
     assert golden.exists(), f"no golden for {case}; run with DFLASH_UPDATE_GOLDEN=1 and review it"
     assert actual == json.loads(golden.read_text())
 

@@ -7,6 +7,7 @@ no assertion is about time, only about what was answered and by whom.
 """
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -18,9 +19,10 @@ import pytest
 
 from dflashctl import cli, errors
 from dflashctl.errors import DflashError
-from dflashctl.service import config, router_unit, unit_text
+from dflashctl.service import config, router, router_unit
 from nixos_host import nix_router, nixos_router_unit
-from router_harness import Load, Router, Standin, free_port, generate_body, needs_router, request, served_by
+from router_harness import (MEASURED_DEFAULTS, REPO, Load, Router, Standin, free_port, generate_body, needs_router,
+                            request, served_by)
 
 
 @pytest.fixture
@@ -56,13 +58,51 @@ def instance(name: str, port: int, **extra) -> config.InstanceConfig:
     return config.from_dict({"name": name, "model": "m", "port": port, **extra})
 
 
-def test_defaults_come_from_the_data_file_and_keep_off_the_instances_port():
+DEFAULT_FLAGS = {  # the router's flag each default becomes
+    "--host": "127.0.0.1", "--port": "30080", "--prometheus-host": "127.0.0.1", "--prometheus-port": "30081",
+    "--policy": "round_robin", "--health-check-endpoint": "/health", "--health-check-interval-secs": "2",
+    "--health-check-timeout-secs": "5", "--health-failure-threshold": "2", "--health-success-threshold": "1",
+    "--cb-failure-threshold": "3", "--cb-timeout-duration-secs": "5", "--request-timeout-secs": "300",
+    "--worker-startup-timeout-secs": "3600", "--worker-startup-check-interval": "2",
+    "--shutdown-grace-period-secs": "30", "--log-level": "info", "--retry-max-retries": "3",
+}
+
+
+def test_defaults_are_the_measured_ones_and_keep_off_the_instances_port():
     s = router_unit.settings_for([instance("a", 30000), instance("b", 30001)], {})
     assert s["workers"] == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
     assert s["instanceUnits"] == ["dflash-a.service", "dflash-b.service"]
-    data = unit_text.router_unit_data()["defaults"]
-    assert {k: s[k] for k in data} == data
+    assert {k: s[k] for k in MEASURED_DEFAULTS} == MEASURED_DEFAULTS
     assert s["port"] not in (30000, 30001) and s["host"] == s["metricsHost"] == "127.0.0.1"
+
+
+def test_the_docs_table_gives_the_same_defaults():
+    text = (REPO / "docs" / "service.md").read_text()
+    table = text[text.index("**Settings** (router JSON"):]
+    rows = {}
+    for line in table.splitlines()[4:]:
+        if not line.startswith("|"):
+            break
+        keys, default = line.split("|")[1:3]
+        for k, v in zip(re.findall(r"`(\w+)`", keys), default.split(" / ")):
+            rows[k] = v.strip()
+    assert {k: rows[k] for k in MEASURED_DEFAULTS} == {k: str(v) for k, v in MEASURED_DEFAULTS.items()}
+
+
+def test_the_defaults_reach_the_routers_flags():
+    cfg = router.from_dict({"workers": ["http://127.0.0.1:30000"]})
+    argv = router.build_argv(cfg, "py", None, None)
+    assert argv[:3] == ["py", "-m", "sglang_router.launch_router"]
+    flags = {argv[i]: argv[i + 1] for i in range(3, len(argv) - 1) if argv[i].startswith("--")
+             and not argv[i + 1].startswith("--")}
+    assert {f: flags[f] for f in DEFAULT_FLAGS} == DEFAULT_FLAGS
+    assert argv[argv.index("--worker-urls") + 1] == "http://127.0.0.1:30000"
+    assert "--disable-retries" not in argv and "--api-key" not in argv and "--control-plane-api-keys" not in argv
+    none = router.build_argv(router.from_dict({"workers": ["http://127.0.0.1:30000"], "retries": 0}), "py", "k", "a")
+    assert "--disable-retries" in none and "--retry-max-retries" not in none
+    assert none[none.index("--api-key") + 1] == "k"
+    assert none[none.index("--control-plane-api-keys") + 1] == "dflash-admin:dflash admin:admin:a"
+    assert router.masked(none)[none.index("--api-key") + 1] == "***"
 
 
 @pytest.mark.parametrize("given, instances, fragment", [
@@ -164,6 +204,326 @@ def test_router_argv_masks_keys(tmp_path, capsys):
     argv = json.loads(out)["argv"]
     assert "secret" not in out and argv[argv.index("--api-key") + 1] == "***"
     assert argv[argv.index("--port") + 1] == "30080" and argv[argv.index("--policy") + 1] == "round_robin"
+
+
+# --- router.py on its own: the schema, the settings file, the admin API against a scripted router --
+
+W = ["http://127.0.0.1:30000"]
+
+
+def refused(d) -> list[str]:
+    with pytest.raises(errors.DflashError) as e:
+        router.from_dict(d, origin="r.json")
+    assert e.value.what == "invalid router settings in r.json" and e.value.exit_code == errors.CONFIG
+    assert e.value.fix == 'correct the settings above (docs/service.md, "Router", lists them)'
+    lines = e.value.why.splitlines()
+    assert lines[0] == f"{len(lines) - 1} problem(s)"
+    return [line.strip()[2:] for line in lines[1:]]
+
+
+@pytest.mark.parametrize("d, problems", [
+    ([1], ["the router settings must be a JSON object"]),
+    ({}, ['workers: required (the instances\' URLs, e.g. ["http://127.0.0.1:30000"])']),
+    ({"workers": []}, ["workers: empty; list at least one instance (`dflashctl router-unit --instance FILE`)"]),
+    ({"workers": W, "metricsPort": 30080},
+     ["metricsPort: 30080 is the router's port too; choose another"]),
+    ({"workers": ["http://localhost:30080"]},
+     ["port: 30080 is a worker's port (http://localhost:30080); choose another for the router (default 30080; "
+      "instances default to 30000 and up)"]),
+    ({"workers": ["http://[::1]:30081"]}, ["port: 30081 is a worker's port (http://[::1]:30081); choose another for "
+                                           "the router (default 30080; instances default to 30000 and up)"]),
+    ({"workers": W, "healthCheckTimeoutSec": 1},
+     ["healthCheckTimeoutSec: at least 2 (SGLang's /health takes about 1 s under load; with 1 the router admitted "
+      "no worker at all on the H200)"]),
+    ({"workers": W, "host": "::"}, ["adminApiKeyFile: required when host is '::': the router's admin API (/workers) "
+                                    "can add and remove workers, i.e. redirect every request; without a key anyone "
+                                    "who reaches the port could; set adminApiKeyFile or keep host 127.0.0.1"]),
+    ({"workers": W, "extraArgs": ["--retry-max-retries=9", "--max-payload-size", "1"]},
+     ["extraArgs: --retry-max-retries is set by the setting retries; use that setting"]),
+    ({"workers": W, "retries": 21, "policy": "fastest"},
+     ['policy: must be one of "round_robin", "cache_aware", "power_of_two", "random" (got "fastest")',
+      "retries: must be an integer from 0 to 20 (got 21)"]),
+    ({"workers": ["http://a:1", "http://a:1/"]}, ['workers: must be a list without repeats (got ["http://a:1", '
+                                                  '"http://a:1/"])']),
+    ({"workers": "http://a:1"}, ['workers: must be a list of at most 256 worker URLs (got "http://a:1")']),
+    ({"workers": [7]}, ['workers: must be a list of http:// URLs, e.g. ["http://10.0.0.2:30000"] (got [7])']),
+    ({"workers": ["http://a:x"]}, ['workers: must be a list of URLs with a valid port (\'http://a:x\' has none) '
+                                   '(got ["http://a:x"])']),
+    ({"workers": ["http://a:1/v1"]}, ["workers: must be a list of http:// URLs of the form http://HOST:PORT "
+                                      "('http://a:1/v1' is not) (got [\"http://a:1/v1\"])"]),
+    ({"workers": W, "instanceUnits": ["dflash-a"]},
+     ['instanceUnits: must be a list of unit names, e.g. ["dflash-a.service"] (got ["dflash-a"])']),
+    ({"workers": W, "logLevel": "trace"}, ['logLevel: must be one of "debug", "info", "warn", "error" (got "trace")']),
+], ids=["not-object", "no-workers", "empty-workers", "metrics-port", "worker-port", "worker-port-v6",
+        "health-timeout", "wildcard-no-admin-key", "owned-flag", "two-problems", "repeated-worker", "workers-string",
+        "worker-number", "worker-port-text", "worker-path", "unit-name", "log-level"])
+def test_router_settings_are_refused_each_problem_named(d, problems):
+    assert refused(d) == problems
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.2:30000", "https://h.example:443", "http://[fd00::1]:30000",
+                                 "http://host:30000/"])
+def test_worker_urls_the_router_takes(url):
+    assert router.from_dict({"workers": [url]}).workers == (url.rstrip("/"),)
+
+
+@pytest.mark.parametrize("url", ["ftp://x:1", "http://:1", "http://u@h:1", "http://h:1?q=1", "http://h:1#f"])
+def test_worker_urls_the_router_refuses(url):
+    assert refused({"workers": [url]})[0].startswith("workers: must be a list of http:// URLs of the form")
+
+
+def test_the_settings_file_holds_every_key_and_reads_back():
+    cfg = router.from_dict({"workers": W, "instanceUnits": ["dflash-a.service"], "extraArgs": ["--x"],
+                            "host": "0.0.0.0", "adminApiKeyFile": "/etc/a"})
+    d = router.to_dict(cfg)
+    assert list(d) == ["workers", "instanceUnits", "host", "port", "metricsHost", "metricsPort", "policy",
+                       "healthCheckIntervalSec", "healthCheckTimeoutSec", "healthFailureThreshold",
+                       "healthSuccessThreshold", "circuitBreakerFailures", "circuitBreakerOpenSec", "retries",
+                       "requestTimeoutSec", "workerStartupTimeoutSec", "drainSec", "apiKeyFile", "adminApiKeyFile",
+                       "logLevel", "extraArgs"]
+    assert d["workers"] == W and d["extraArgs"] == ["--x"]
+    assert router.from_dict(d) == cfg
+    assert cfg.url == "http://127.0.0.1:30080"
+    assert router.from_dict({"workers": W, "host": "::", "adminApiKeyFile": "/k"}).url == "http://[::1]:30080"
+    assert router.from_dict({"workers": W, "host": "10.1.2.3", "adminApiKeyFile": "/k"}).url == "http://10.1.2.3:30080"
+
+
+def test_the_keys_come_from_the_credentials_directory_or_their_files(tmp_path):
+    (tmp_path / "creds").mkdir()
+    (tmp_path / "creds" / "router-api-key").write_text("from-systemd\n")
+    (tmp_path / "admin").write_text("admin-file\n")
+    cfg = router.from_dict({"workers": W, "apiKeyFile": "/nonexistent", "adminApiKeyFile": str(tmp_path / "admin")})
+    assert router.read_keys(cfg, {"CREDENTIALS_DIRECTORY": str(tmp_path / "creds")}) == ("from-systemd", "admin-file")
+    assert router.read_keys(router.from_dict({"workers": W}), {}) == (None, None)
+    with pytest.raises(errors.DflashError) as e:
+        router.read_keys(cfg, {})
+    assert e.value.what == "cannot read the router's API key /nonexistent"
+
+
+class AdminAPI:
+    """The router's admin routes as sglang-router 0.3.2 answers them: GET /workers, POST /workers,
+    DELETE /workers/ID; records each call; `status` makes every answer that HTTP status."""
+
+    def __init__(self, workers, status=200, key=None):
+        import http.server
+        import threading
+        self.calls, self.workers, self.status, self.key = [], list(workers), status, key
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def answer(self, body):
+                outer.calls.append((self.command, self.path, self.headers.get("Authorization"), body))
+                status = outer.status
+                if outer.key and self.headers.get("Authorization") != f"Bearer {outer.key}":
+                    status = 401
+                data = json.dumps({"workers": [{"url": u + "/", "id": f"w{i}"} for i, u in enumerate(outer.workers)]}
+                                  if self.command == "GET" else {}).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self.answer(None)
+
+            def do_POST(self):
+                self.answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+            def do_DELETE(self):
+                self.answer(None)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
+        self.port = self.server.server_address[1]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_sync_adds_and_removes_workers_through_the_admin_api():
+    api = AdminAPI(["http://127.0.0.1:30000", "http://127.0.0.1:30001"], key="adm")
+    try:
+        cfg = router.from_dict({"workers": ["http://127.0.0.1:30001", "http://127.0.0.1:30002"], "port": api.port})
+        assert router.sync(cfg, "adm") == (["http://127.0.0.1:30002"], ["http://127.0.0.1:30000"])
+        assert api.calls[0] == ("GET", "/workers", "Bearer adm", None)
+        changes = [c for c in api.calls if c[0] != "GET"]
+        assert changes == [("POST", "/workers", "Bearer adm", {"url": "http://127.0.0.1:30002"}),
+                           ("DELETE", "/workers/w0", "Bearer adm", None)]
+        assert {c[2] for c in api.calls} == {"Bearer adm"}
+        with pytest.raises(errors.DflashError) as e:
+            router.sync(cfg, None)
+        assert (e.value.what, e.value.why) == ("the router's admin API refused GET /workers", "HTTP 401")
+        assert e.value.fix.startswith("give the router's admin key (adminApiKeyFile in the router settings")
+        api.status = 500
+        with pytest.raises(errors.DflashError) as e:
+            router.sync(cfg, "adm")
+        assert e.value.why.startswith("HTTP 500") and e.value.fix == "see `journalctl -u dflash-router`"
+    finally:
+        api.close()
+    with pytest.raises(errors.DflashError) as e:
+        router.sync(cfg, "adm")
+    assert e.value.what == f"cannot reach the router at http://127.0.0.1:{api.port}"
+    assert e.value.fix == "start it first (`systemctl start dflash-router`)"
+
+
+def test_reload_through_the_command_says_what_changed(tmp_path, capsys):
+    api = AdminAPI(["http://127.0.0.1:30000"])
+    try:
+        f = tmp_path / "r.json"
+        f.write_text(json.dumps({"workers": ["http://127.0.0.1:30000"], "port": api.port}))
+        assert cli.main(["router", "--config", str(f), "--sync"]) == 0
+        assert capsys.readouterr().err.strip() == "dflashctl router: added none; removed none"
+        f.write_text(json.dumps({"workers": ["http://127.0.0.1:30009"], "port": api.port}))
+        assert cli.main(["router", "--config", str(f), "--sync"]) == 0
+        assert capsys.readouterr().err.strip() == ("dflashctl router: added http://127.0.0.1:30009; removed "
+                                                   "http://127.0.0.1:30000")
+        assert api.calls[0] == ("GET", "/workers", None, None)  # no admin key set: none sent
+    finally:
+        api.close()
+
+
+def test_a_router_environment_that_cannot_run_is_a_config_error(tmp_path, capsys):
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"workers": W}))
+    assert cli.main(["router", "--config", str(f), "--python", str(tmp_path / "no-python")]) == errors.CONFIG
+    err = capsys.readouterr().err
+    assert f"dflashctl router: http://127.0.0.1:30080 in front of 1 worker(s): {W[0]}" in err
+    assert f"cannot start the router with {tmp_path / 'no-python'}" in err
+    assert "pass --python the router environment's interpreter (sglang-router 0.3.2 installed" in err
+
+
+URLS = ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
+
+
+def keyed_settings(tmp_path) -> Path:
+    (tmp_path / "api").write_text("s3cret-api\n")
+    (tmp_path / "admin").write_text("s3cret-admin\n")
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"workers": URLS, "apiKeyFile": str(tmp_path / "api"),
+                             "adminApiKeyFile": str(tmp_path / "admin")}))
+    return f
+
+
+def test_the_command_starts_the_router_with_both_keys_and_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    ran = []
+
+    def execv(path, argv):
+        ran.append((path, argv))
+        raise OSError("exec format error")
+    monkeypatch.setattr(router.os, "execv", execv)
+    assert cli.main(["router", "--config", str(keyed_settings(tmp_path)), "--python", "/env/bin/python"]) == errors.CONFIG
+    [(path, argv)] = ran
+    assert path == "/env/bin/python" and argv[:3] == ["/env/bin/python", "-m", "sglang_router.launch_router"]
+    assert argv[argv.index("--api-key") + 1] == "s3cret-api"
+    assert argv[argv.index("--control-plane-api-keys") + 1] == "dflash-admin:dflash admin:admin:s3cret-admin"
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"dflashctl router: http://127.0.0.1:30080 in front of 2 worker(s): {URLS[0]} {URLS[1]}"
+    assert "cannot start the router with /env/bin/python" in err[1] and "exec format error" in "\n".join(err[1:])
+    assert "None" not in "\n".join(err[1:])
+
+
+def test_dry_run_prints_the_argv_with_both_keys_masked(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    assert cli.main(["router", "--config", str(keyed_settings(tmp_path)), "--python", "/env/bin/python",
+                     "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('{\n  "argv": [\n    "/env/bin/python",\n    "-m",\n')  # two spaces a level
+    argv = json.loads(out)["argv"]
+    assert argv[0] == "/env/bin/python" and "s3cret" not in out
+    assert argv[argv.index("--api-key") + 1] == argv[argv.index("--control-plane-api-keys") + 1] == "***"
+    assert argv.count("***") == 2
+
+
+def test_sync_through_the_command_sends_the_admin_key_and_lists_each_change(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    seen = []
+
+    def sync(cfg, admin_key):
+        seen.append((list(cfg.workers), admin_key))
+        return ["http://h:1", "http://h:2"], ["http://h:3", "http://h:4"]
+    monkeypatch.setattr(router, "sync", sync)
+    assert cli.main(["router", "--config", str(keyed_settings(tmp_path)), "--sync"]) == 0
+    assert seen == [(URLS, "s3cret-admin")]
+    assert capsys.readouterr().err.strip() == ("dflashctl router: added http://h:1 http://h:2; "
+                                               "removed http://h:3 http://h:4")
+
+
+def test_bad_settings_through_the_command_name_their_file(tmp_path, capsys):
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"workers": 1}))
+    assert cli.main(["router", "--config", str(f), "--dry-run"]) == errors.CONFIG
+    assert f"invalid router settings in {f}" in capsys.readouterr().err
+    with pytest.raises(DflashError) as e:
+        router.from_dict({"workers": 1})
+    assert e.value.what == "invalid router settings in router settings"
+
+
+def test_dry_run_and_sync_exclude_each_other(tmp_path, capsys):
+    assert cli.main(["router", "--config", str(tmp_path / "r.json"), "--dry-run", "--sync"]) == errors.USAGE
+    assert "argument --sync: not allowed with argument --dry-run" in capsys.readouterr().err
+
+
+def test_the_router_commands_options():
+    parser = cli.build_parser(["router"])
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices["router"]
+    got = [(a.option_strings, a.required, a.default, a.metavar, a.help) for a in sub._actions if a.option_strings
+           and a.dest != "help"]
+    assert got == [
+        (["--config"], True, None, "FILE", "the router settings JSON"),
+        (["--python"], False, sys.executable, "PATH",
+         "the router environment's interpreter (nix/router-lock.json; default: this one)"),
+        (["--dry-run"], False, False, None, "print the router's argv (keys masked) and exit"),
+        (["--sync"], False, False, None, "make the running router's workers the settings' ones, without a restart "
+                                         "(the unit's ExecReload: `systemctl reload dflash-router`)")]
+    assert sub.get_default("func") is router.run
+    subs = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert [c.help for c in subs._choices_actions if c.dest == "router"] == [
+        "run SGLang's router in front of this host's instances"]
+    assert sub.description == ("`dflashctl router --config FILE`: SGLang's router (sglang-router 0.3.2) in front "
+                               "of a host's\ninstances.")
+    assert sub.epilog.splitlines() == [  # docs/cli.md's rows for the command
+        "exit codes (docs/cli.md):", "    0  success", "    1  --sync: the running router refused a change",
+        "    2  bad arguments (argparse, or options that do not go together)",
+        "   78  the settings are invalid or unreadable (not restarted by systemd)", "  130  interrupted (Ctrl-C)"]
+
+
+def test_each_key_names_its_setting_when_it_cannot_be_read():
+    cfg = router.from_dict({"workers": W, "apiKeyFile": "/nonexistent/api", "adminApiKeyFile": "/nonexistent/adm"})
+    with pytest.raises(DflashError) as e:
+        router.read_keys(cfg, {})
+    assert e.value.what == "cannot read the router's API key /nonexistent/api"
+    assert e.value.fix.startswith("create apiKeyFile /nonexistent/api (readable by root")
+    with pytest.raises(DflashError) as e:
+        router.read_keys(router.from_dict({"workers": W, "adminApiKeyFile": "/nonexistent/adm"}), {})
+    assert e.value.what == "cannot read the router's admin API key /nonexistent/adm"
+    assert e.value.fix.startswith("create adminApiKeyFile /nonexistent/adm (readable by root")
+
+
+def test_router_settings_problems_word_for_word():
+    assert router.problems_of({"workers": W, "prot": 1, "host": "a\x01"})[0] == [
+        "prot: unknown setting (did you mean 'port'?)",
+        'host: contains the control character U+0001 (a newline, tab, NUL or similar would end or corrupt a line '
+        'of the systemd unit); remove it (got "a\\u0001")']
+    assert router.problems_of({"workers": ["http://0.0.0.0:30080", "http://[::]:30081"]})[0] == [
+        f"port: {p} is a worker's port ({u}); choose another for the router (default 30080; instances default "
+        "to 30000 and up)" for p, u in ((30080, "http://0.0.0.0:30080"), (30081, "http://[::]:30081"))]
+    assert router.problems_of({"workers": W, "healthCheckTimeoutSec": 2})[0] == []
+    assert router.problems_of({"workers": W, "healthCheckTimeoutSec": 1})[0] == [
+        "healthCheckTimeoutSec: at least 2 (SGLang's /health takes about 1 s under load; with 1 the router "
+        "admitted no worker at all on the H200)"]
+    many = [f"http://127.0.0.1:{31000 + i}" for i in range(257)]
+    assert router.problems_of({"workers": many[:256]})[0] == []
+    assert router.problems_of({"workers": W, "extraArgs": ["--port=8=9"]})[0] == [
+        "extraArgs: --port is set by the setting port; use that setting"]  # the flag: up to the first "="
+    assert list(router.from_dict({"workers": ["http://nodeX/", "http://10.0.0.2:30000/"]}).workers) == [
+        "http://nodeX", "http://10.0.0.2:30000"]  # the trailing slash only
+    [too_many] = router.problems_of({"workers": many})[0]
+    assert too_many.startswith("workers: must be a list of at most 256 worker URLs (got [")
 
 
 # --- the real router --------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ def free_port() -> int:
 def make(tmp_path, mode, **env):
     port = free_port()
     child_env = dict(os.environ, STANDIN_MODE=mode, **env)
-    srv = Server([sys.executable, str(STANDIN), "--port", str(port)], child_env,
+    srv = Server([sys.executable, str(STANDIN), "--model-path", "m", "--port", str(port)], child_env,
                  tmp_path / "sglang.log", f"http://127.0.0.1:{port}")
     srv.start()
     return srv

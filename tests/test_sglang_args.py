@@ -4,10 +4,10 @@ Regenerate after an intended change with DFLASH_UPDATE_GOLDEN=1 and review the d
 """
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from conftest import update_golden
 
 from dflashctl.service import config, sglang_args
 
@@ -29,8 +29,7 @@ def test_golden(case):
     path = GOLDEN / f"{case}.json"
     data = json.loads(path.read_text())
     got = render(data["settings"])
-    if os.environ.get("DFLASH_UPDATE_GOLDEN") == "1":
-        path.write_text(json.dumps({"settings": data["settings"], **got}, indent=2) + "\n")
+    update_golden(path, json.dumps({"settings": data["settings"], **got}, indent=2) + "\n")
     assert {"argv": data.get("argv"), "env": data.get("env")} == got
 
 

@@ -1,8 +1,11 @@
-"""`dflashctl smoke` end to end against a stand-in SGLang that replays recorded responses.
+"""`dflashctl smoke` end to end against a stand-in SGLang that decodes from its flags and requests.
 
 The stand-in (tests/data/smoke/fake_sglang) is a real package: smoke finds it with the same
 source probe it uses for SGLang, starts it through config -> sglang_args -> server.Server, and the
-real streaming client talks HTTP to it. Recordings: tests/data/smoke/*.json.
+real streaming client talks HTTP to it. It parses its argv as SGLang 0.5.11 does, decodes the
+models its flags name (random weights, or the oracle pair's rule read from the checkpoint) and
+answers each request from its own parameters; tests/test_standin_sglang.py holds its answers to
+those SGLang gave on the H200 (tests/data/smoke/h200*). Faults are asked of it by FAKE_SGLANG_FAULTS.
 """
 
 import json
@@ -21,52 +24,44 @@ from dflashctl.smoke import loadgen
 
 DATA = Path(__file__).resolve().parent / "data" / "smoke"
 FAKE = DATA / "fake_sglang"
+SGLANG_FACTS = Path(__file__).resolve().parent / "data" / "sglang"  # strict_args.py for the stand-in
+GRAMMAR = DATA / "h200-grammar" / "baseline.json"  # SGLang's answers to the grammar phase on the H200
 PYTHON_DIR = Path(__file__).resolve().parent.parent / "python"
-SETTINGS = json.loads((DATA / "DFLASH.json").read_text())["settings"]
+SETTINGS = {"requests": 4, "sequential_requests": 2, "max_new_tokens": 16, "input_len": 8, "seed": 0}
 LOAD_ARGS = ["--requests", str(SETTINGS["requests"]),
              "--sequential-requests", str(SETTINGS["sequential_requests"]),
              "--max-new-tokens", str(SETTINGS["max_new_tokens"]),
              "--input-len", str(SETTINGS["input_len"]), "--seed", str(SETTINGS["seed"])]
 
 
-def recordings(tmp_path, edit=None) -> Path:
-    """A copy of the recordings; `edit(run, doc)` may change them first."""
-    out = tmp_path / "recordings"
-    out.mkdir(exist_ok=True)
-    for run in ("baseline", "DFLASH", "DDTREE"):
-        doc = json.loads((DATA / f"{run}.json").read_text())
-        if edit:
-            edit(run, doc)
-        (out / f"{run}.json").write_text(json.dumps(doc))
-    return out
+def prompts(count=SETTINGS["requests"], length=SETTINGS["input_len"], seed=SETTINGS["seed"]) -> list[list[int]]:
+    """The prompts smoke sends (request i is prompts()[i]), to aim a fault at one of them."""
+    return loadgen.token_prompts(count, length, seed)
 
 
 IDLE_H200 = Path(__file__).resolve().parent / "data" / "gpus" / "h200-idle.json"
 
 
-def env_for(recs: Path, fake: Path = FAKE, **extra) -> dict:
+def env_for(fake: Path = FAKE, grammar: Path = GRAMMAR, faults=None, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "DFLASH_PREBUILT_KERNELS"}  # the dev shell sets it
-    env["PYTHONPATH"] = os.pathsep.join([str(PYTHON_DIR), str(fake)])
-    env["FAKE_SGLANG_RECORDINGS"] = str(recs)
+    env["PYTHONPATH"] = os.pathsep.join([str(PYTHON_DIR), str(fake), str(SGLANG_FACTS)])
+    env["FAKE_SGLANG_GRAMMAR"] = str(grammar)
     env["DFLASHCTL_NVML_REPLAY"] = str(IDLE_H200)  # the launch plan reads the GPU's free memory
+    if faults:
+        env["FAKE_SGLANG_FAULTS"] = json.dumps(faults)
     env.update(extra)
     return env
 
 
-def smoke(tmp_path, *args, recs=None, fake=FAKE, timeout=60, **extra):
-    """The real command against the stand-in; the random pair unless `args` name a --pair (these
-    recordings are the random pair's; test_smoke_oracle.py replays the oracle pair's)."""
-    recs = recs or recordings(tmp_path)
+def smoke(tmp_path, *args, fake=FAKE, grammar=GRAMMAR, faults=None, timeout=60, **extra):
+    """The real command against the stand-in; the random pair unless `args` name a --pair (the
+    oracle pair's tests are in test_smoke_oracle.py). `faults`: what the stand-in is to break."""
     extra.setdefault("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm-ffi"))  # the stand-in's JIT "compiles" there
     pair = [] if "--pair" in args or "--model" in args or "--url" in args else ["--pair", "random"]
     cmd = [sys.executable, "-m", "dflashctl", "smoke", *LOAD_ARGS, "--triton-cache", str(tmp_path / "triton"),
            *pair, *args]
-    return subprocess.run(cmd, env=env_for(recs, fake, **extra), capture_output=True, text=True,
+    return subprocess.run(cmd, env=env_for(fake, grammar, faults, **extra), capture_output=True, text=True,
                           timeout=timeout, cwd=tmp_path)
-
-
-def recorded(run: str) -> list[dict]:
-    return [g["final"]["meta_info"] for g in json.loads((DATA / f"{run}.json").read_text())["generate"]]
 
 
 def test_default_smoke_measures_every_run_and_compares_with_baseline(tmp_path):
@@ -84,13 +79,11 @@ def test_default_smoke_measures_every_run_and_compares_with_baseline(tmp_path):
         assert conc["ttft_ms_mean"] > 0 and conc["e2e_s_mean"] > 0
         assert run["startup_s"] > 0
     for run in result["runs"][1:]:
-        metas = recorded(run["name"])
-        verify = sum(m["spec_verify_ct"] for m in metas)
+        # random drafters are never right: the prefill's token, then one verify step per token
         conc = run["phases"]["concurrent"]
-        assert conc["spec_verify_ct"] == verify
-        assert conc["accept_length"] == round(n * new / verify, 4)
-        assert run["server_info"]["avg_spec_accept_length"] == json.loads(
-            (DATA / f"{run['name']}.json").read_text())["server_info"]["internal_states"][0]["avg_spec_accept_length"]
+        assert conc["spec_verify_ct"] == 4 * 15
+        assert conc["accept_length"] == 1.0667  # 16 tokens / 15 steps
+        assert run["server_info"]["avg_spec_accept_length"] == pytest.approx(16 / 15)  # the server's own figure
         for phase in ("sequential", "concurrent"):
             mine, theirs = run["phases"][phase]["output_tok_s"], base["phases"][phase]["output_tok_s"]
             assert run["phases"][phase]["speedup"] == round(mine / theirs, 3)
@@ -213,14 +206,8 @@ def test_asking_for_ddtree_without_it_fails_before_starting(tmp_path):
 
 
 def test_empty_response_fails(tmp_path):
-    def empty(run, doc):
-        if run == "DFLASH":
-            g = doc["generate"][1]
-            g["final"]["output_ids"] = []
-            g["final"]["meta_info"]["completion_tokens"] = 0
-            g["chunk_tokens"] = [0]
     p = smoke(tmp_path, "--json", "result.json", "--runs", "baseline,DFLASH",
-              recs=recordings(tmp_path, empty))
+              faults=[{"kind": "empty", "server": "DFLASH", "prompt": prompts()[1]}])
     assert p.returncode == errors.FAILED
     result = json.loads((tmp_path / "result.json").read_text())
     assert not result["ok"]
@@ -230,13 +217,9 @@ def test_empty_response_fails(tmp_path):
 
 
 def test_inactive_speculation_fails(tmp_path):
-    def no_spec(run, doc):
-        if run == "DFLASH":  # SGLang leaves the spec_* keys out when it verified nothing
-            for g in doc["generate"]:
-                g["final"]["meta_info"] = {k: v for k, v in g["final"]["meta_info"].items()
-                                           if not k.startswith("spec_")}
+    # SGLang leaves the spec_* keys out of meta_info when it verified nothing
     p = smoke(tmp_path, "--json", "result.json", "--runs", "baseline,DFLASH",
-              recs=recordings(tmp_path, no_spec))
+              faults=[{"kind": "inactive", "server": "DFLASH"}])
     assert p.returncode == errors.FAILED
     result = json.loads((tmp_path / "result.json").read_text())
     assert any("spec_verify_ct is 0 -- DFLASH was not active" in f for f in result["failures"])
@@ -319,19 +302,22 @@ def test_server_dying_mid_run_stops_smoke_and_its_helpers(tmp_path):
         pytest.fail("smoke left the dead server's helper process running")
 
 
-def start_fake(tmp_path, run: str, recs: Path, args=("--skip-tokenizer-init",), **extra):
-    """A stand-in service; `args`: its SGLang flags (default: token ids, as the recordings hold)."""
+def start_fake(tmp_path, run: str, args=("--skip-tokenizer-init",), api_key=None, **extra):
+    """A stand-in service of one model ("m": random weights); `args`: more SGLang flags (default:
+    token ids in and out)."""
     extra.setdefault("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm-ffi"))
     port = _free_port()
     argv = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), "--model-path", "m", *args]
     if run != "baseline":
-        argv += ["--speculative-algorithm", run]
-    proc = subprocess.Popen(argv, env=env_for(recs, **extra), stdout=subprocess.DEVNULL,
+        argv += ["--speculative-algorithm", run, "--speculative-draft-model-path", "d"]
+    if api_key:
+        argv += ["--api-key", api_key]
+    proc = subprocess.Popen(argv, env=env_for(**extra), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):
         try:
-            loadgen.get_json(loadgen.Endpoint(url, extra.get("FAKE_SGLANG_API_KEY")), "/model_info", 1)
+            loadgen.get_json(loadgen.Endpoint(url, api_key), "/model_info", 1)
             break
         except Exception:
             time.sleep(0.05)
@@ -349,8 +335,8 @@ def _free_port() -> int:
 def running(tmp_path):
     procs = []
 
-    def start(run, recs=None, args=("--skip-tokenizer-init",), **extra):
-        proc, url = start_fake(tmp_path, run, recs or recordings(tmp_path), args, **extra)
+    def start(run, args=("--skip-tokenizer-init",), **extra):
+        proc, url = start_fake(tmp_path, run, args, **extra)
         procs.append(proc)
         return url
     yield start
@@ -362,8 +348,8 @@ def running(tmp_path):
 def test_url_mode_measures_a_running_service_against_a_baseline_url(tmp_path, running):
     key = tmp_path / "key"
     key.write_text("s3cret\n")
-    dflash = running("DFLASH", FAKE_SGLANG_API_KEY="s3cret")
-    base = running("baseline", FAKE_SGLANG_API_KEY="s3cret")
+    dflash = running("DFLASH", api_key="s3cret")
+    base = running("baseline", api_key="s3cret")
     p = smoke(tmp_path, "--url", dflash, "--baseline-url", base, "--api-key-file", str(key),
               "--json", "result.json")
     assert p.returncode == 0, p.stderr
@@ -374,41 +360,41 @@ def test_url_mode_measures_a_running_service_against_a_baseline_url(tmp_path, ru
 
 
 def test_url_mode_without_the_key_says_how_to_pass_it(tmp_path, running):
-    url = running("DFLASH", FAKE_SGLANG_API_KEY="s3cret")
+    url = running("DFLASH", api_key="s3cret")
     p = smoke(tmp_path, "--url", url)
     assert p.returncode == errors.FAILED
     assert "HTTP 401" in p.stderr and "--api-key-file" in p.stderr
 
 
 def test_url_mode_sends_text_when_the_server_has_a_tokenizer(tmp_path, running):
-    texts = loadgen.text_prompts(SETTINGS["requests"])
-
-    def with_tokenizer(run, doc):
-        for g, text in zip(doc["generate"], texts):
-            g["request"].pop("input_ids")
-            g["request"]["text"] = text
-    url = running("DFLASH", recordings(tmp_path, with_tokenizer), args=())  # no --skip-tokenizer-init
+    url = running("DFLASH", args=())  # no --skip-tokenizer-init
     p = smoke(tmp_path, "--url", url, "--json", "result.json")
-    assert p.returncode == 0, p.stderr  # the stand-in answers only prompts it has recorded
+    assert p.returncode == 0, p.stderr
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["settings"]["prompts"] == "text"
     assert result["runs"][0]["phases"]["concurrent"]["output_tokens"] == \
         SETTINGS["requests"] * SETTINGS["max_new_tokens"]
 
 
-def test_recordings_replay(tmp_path):
-    """What --record writes is what the stand-in replays: GPU captures can replace the fixtures."""
+def test_record_writes_what_the_h200_recordings_hold(tmp_path):
+    """--record keeps each run's requests and answers in the format of tests/data/smoke/h200-grammar
+    (what a GPU run writes): the stand-in's answers have the keys SGLang 0.5.11's had there."""
     p = smoke(tmp_path, "--record", "rec", "--json", "first.json")
     assert p.returncode == 0, p.stderr
     rec = tmp_path / "rec"
     assert sorted(f.name for f in rec.iterdir()) == ["DDTREE.json", "DFLASH.json", "baseline.json"]
-    p2 = smoke(tmp_path, "--json", "second.json", recs=rec)
-    assert p2.returncode == 0, p2.stderr
-    first, second = (json.loads((tmp_path / f).read_text()) for f in ("first.json", "second.json"))
-    for a, b in zip(first["runs"], second["runs"]):
-        for phase in ("sequential", "concurrent"):
-            for key in ("output_tokens", "spec_verify_ct", "accept_length"):
-                assert a["phases"][phase][key] == b["phases"][phase][key]
+    for run in ("baseline", "DFLASH"):
+        mine = json.loads((rec / f"{run}.json").read_text())
+        h200 = json.loads((DATA / "h200-grammar" / f"{run}.json").read_text())
+        assert set(mine) == set(h200)
+        # the stand-in has the DDTree patch, which adds one field
+        assert set(mine["server_info"]) - {"speculative_ddtree_budget"} == set(h200["server_info"])
+        assert len(mine["generate"]) == SETTINGS["requests"]
+        for g in mine["generate"]:
+            assert set(g) == set(h200["generate"][0]) and set(g["final"]) == set(h200["generate"][0]["final"])
+            assert set(g["final"]["meta_info"]) == set(h200["generate"][0]["final"]["meta_info"])
+            assert g["chunk_tokens"] == list(range(1, 17))  # a chunk per decode step (random drafts: 1 token)
+        assert [(r["kind"], r["status"]) for r in mine["grammar"]] == [(r["kind"], r["status"]) for r in h200["grammar"]]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -426,7 +412,7 @@ def test_bad_arguments_are_usage_errors(tmp_path, args, message):
 def test_sigterm_while_servers_start_stops_them(tmp_path):
     """`timeout` or systemd ending smoke must not leave SGLang servers holding the GPU."""
     cmd = [sys.executable, "-m", "dflashctl", "smoke", *LOAD_ARGS, "--triton-cache", "none", "--pair", "random"]
-    proc = subprocess.Popen(cmd, env=env_for(recordings(tmp_path), FAKE_SGLANG_READY_AFTER="600"),
+    proc = subprocess.Popen(cmd, env=env_for(FAKE_SGLANG_READY_AFTER="600"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     pids = []
     for line in proc.stderr:
@@ -454,52 +440,38 @@ def test_work_dir_is_removed_after_a_pass_and_kept_after_a_failure(tmp_path):
     assert p.returncode == 0, p.stderr
     assert list((tmp_path / "tmp").iterdir()) == [] and "for a look" not in p.stderr
 
-    def diverge(run, doc):
-        if run == "DFLASH":
-            doc["generate"][0]["final"]["output_ids"][3] += 1
-    p = smoke(tmp_path, "--runs", "baseline,DFLASH", recs=recordings(tmp_path, diverge),
-              TMPDIR=str(tmp_path / "tmp"))
+    p = smoke(tmp_path, "--runs", "baseline,DFLASH", TMPDIR=str(tmp_path / "tmp"),
+              faults=[{"kind": "diverge", "server": "DFLASH", "prompt": prompts()[0], "at": 3}])
     assert p.returncode == errors.NOT_LOSSLESS, p.stderr
     kept = list((tmp_path / "tmp").glob("dflash-smoke-*"))
     assert len(kept) == 1 and f"kept {kept[0]}" in p.stderr
 
 
-def test_real_h200_recording_replays_to_the_figures_it_recorded(tmp_path):
-    """Responses recorded from SGLang 0.5.11 on an H200 (benchmarks/gpu/smoke.sh --record, 2026-11-30):
-    the default load against them gives the acceptance SGLang itself reported for random weights."""
-    recs = DATA / "h200"
-    rec = json.loads((recs / "DFLASH.json").read_text())["settings"]
-    load = ["--requests", str(rec["requests"]), "--sequential-requests", str(rec["sequential_requests"]),
-            "--max-new-tokens", str(rec["max_new_tokens"]), "--input-len", str(rec["input_len"]),
-            "--seed", str(rec["seed"])]  # later flags win over smoke()'s fixture load
-    p = smoke(tmp_path, *load, "--runs", "baseline,DFLASH", "--json", "result.json", "--no-grammar",
-              recs=recs)  # recorded before the grammar phase existed
+H200_LOAD = ["--requests", "8", "--sequential-requests", "4", "--max-new-tokens", "256", "--input-len", "32",
+             "--seed", "0"]  # the default load, as on the H200 (tests/data/smoke/h200*/*.json "settings")
+
+
+def test_the_default_load_gives_the_acceptance_sglang_gave_for_random_weights(tmp_path):
+    """SGLang 0.5.11 on the H200 (tests/data/smoke/h200, 2026-11-30): 255 verify steps for each
+    request's 256 tokens, accept length 1.0039; the stand-in's random drafter is never right either."""
+    p = smoke(tmp_path, *H200_LOAD, "--runs", "baseline,DFLASH", "--json", "result.json", "--no-grammar")
     assert p.returncode == 0, p.stderr
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["ok"] and [r["name"] for r in result["runs"]] == ["baseline", "DFLASH"]
-    dflash = result["runs"][1]
-    metas = [g["final"]["meta_info"] for g in json.loads((recs / "DFLASH.json").read_text())["generate"]]
-    conc = dflash["phases"]["concurrent"]
-    assert conc["spec_verify_ct"] == sum(m["spec_verify_ct"] for m in metas[-conc["requests"]:]) > 0
-    assert 1.0 <= conc["accept_length"] < 1.01  # random weights: the drafter's guesses are rejected
-    assert all(m["completion_tokens"] == 256 for m in metas)
+    conc = result["runs"][1]["phases"]["concurrent"]
+    assert (conc["requests"], conc["output_tokens"], conc["spec_verify_ct"]) == (8, 8 * 256, 8 * 255)
+    assert conc["accept_length"] == 1.0039
 
 
-def test_real_h200_recording_with_grammar_passes_the_default_smoke(tmp_path):
-    """The default smoke (grammar phase on) recorded on an H200 with SGLang 0.5.11 (`--record`,
-    2026-11-30, docs/gpu/smoke-final-h200.json): replayed, it passes as it did there, including the
-    tool call that SGLang returned as content because no tool-call parser was set."""
-    recs = DATA / "h200-grammar"
-    rec = json.loads((recs / "DFLASH.json").read_text())["settings"]
-    assert rec["grammar"] and rec["synthetic"]
-    tool = [g for g in json.loads((recs / "baseline.json").read_text())["grammar"] if g["kind"] == "tool_call"][0]
+def test_the_default_smoke_with_grammar_passes_with_the_h200s_grammar_answers(tmp_path):
+    """The default smoke (grammar phase on) with the constrained answers SGLang 0.5.11 gave on an
+    H200 (`--record`, 2026-11-30, docs/gpu/smoke-final-h200.json): it passes as it did there,
+    including the tool call that SGLang returned as content because no tool-call parser was set."""
+    tool = [g for g in json.loads(GRAMMAR.read_text())["grammar"] if g["kind"] == "tool_call"][0]
     message = tool["response"]["choices"][0]["message"]
     assert message["tool_calls"] is None and message["content"].startswith('[{"name": "get_weather"')
-    load = ["--requests", str(rec["requests"]), "--sequential-requests", str(rec["sequential_requests"]),
-            "--max-new-tokens", str(rec["max_new_tokens"]), "--input-len", str(rec["input_len"]),
-            "--seed", str(rec["seed"])]
-    p = smoke(tmp_path, *load, "--runs", ",".join(rec["runs"]), "--json", "result.json",
-              "--work-dir", str(tmp_path / "work"), recs=recs)
+    p = smoke(tmp_path, *H200_LOAD, "--runs", "baseline,DFLASH", "--json", "result.json",
+              "--work-dir", str(tmp_path / "work"))
     assert p.returncode == 0, p.stdout + p.stderr
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["ok"] and result["failures"] == []
@@ -512,3 +484,60 @@ def test_real_h200_recording_with_grammar_passes_the_default_smoke(tmp_path):
     assert rows[-1]["output"] == 'get_weather({"city": "Berlin"})'
     assert [(r["status"], r["http_status"]) for r in servers["DFLASH"]["rows"]] == [("refused", 400)]
     assert "6/6 outputs match their grammars" in p.stdout
+
+
+def smoke_sending(tmp_path, change: str, *args, **extra):
+    """smoke with its request bodies changed by `change` (Python over `body`, a dict): a load
+    generator that lost one of its parameters, against the same stand-in."""
+    code = ("import sys\n"
+            "from dflashctl.smoke import loadgen\n"
+            "payload = loadgen.payload\n"
+            "def changed(prompt, n, *more, **named):\n"
+            "    body = payload(prompt, n, *more, **named)\n"
+            f"    {change}\n"
+            "    return body\n"
+            "loadgen.payload = changed\n"
+            "from dflashctl.cli import main\n"
+            "raise SystemExit(main(sys.argv[1:]))\n")
+    extra.setdefault("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm-ffi"))
+    cmd = [sys.executable, "-c", code, "smoke", *LOAD_ARGS, "--triton-cache", str(tmp_path / "triton"),
+           "--pair", "random", "--runs", "baseline,DFLASH", "--no-grammar", "--json", "result.json", *args]
+    return subprocess.run(cmd, env=env_for(**extra), capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+
+def test_a_smoke_that_samples_fails_the_lossless_check(tmp_path):
+    """Without temperature 0 SGLang samples (its default temperature is 1.0): two servers, or two
+    calls, give other tokens, and smoke must say its outputs are not plain decoding's."""
+    p = smoke_sending(tmp_path, 'del body["sampling_params"]["temperature"]')
+    assert p.returncode == errors.NOT_LOSSLESS, p.stdout + p.stderr
+    lossless = json.loads((tmp_path / "result.json").read_text())["runs"][1]["lossless"]
+    assert lossless["status"] == "diverged" and lossless["identical"] < lossless["compared"]
+
+
+def test_a_smoke_without_ignore_eos_gets_answers_cut_at_the_eos(tmp_path):
+    """The random target's EOS comes up now and then: without ignore_eos requests end early, so
+    each run no longer decodes the same number of tokens and the figures are not comparable."""
+    p = smoke_sending(tmp_path, 'del body["sampling_params"]["ignore_eos"]', *H200_LOAD)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert p.returncode == errors.FAILED, p.stdout + p.stderr
+    tokens = result["runs"][0]["phases"]["concurrent"]["output_tokens"]
+    assert tokens < 8 * 256
+    assert any("tokens, not the 256 asked (finish reason stop)" in f for f in result["failures"]), result["failures"]
+
+
+def test_a_smoke_that_does_not_stream_reads_one_answer_per_request(tmp_path):
+    """Without "stream": true SGLang answers with one JSON object, no event stream (the sweep's
+    form): each request is one chunk, with no time to first token and no verify steps to count."""
+    p = smoke_sending(tmp_path, 'body["stream"] = False')
+    result = json.loads((tmp_path / "result.json").read_text())
+    for run in result["runs"]:
+        phase = run["phases"]["concurrent"]
+        assert phase["ttft_ms_mean"] is None and "acceptance_histogram" not in phase, p.stderr
+        assert [(q["chunks"], q["ttft_s"], q["output_tokens"]) for q in run["requests"]["concurrent"]] == [
+            (1, None, 16)] * 4
+
+
+def test_a_smoke_asking_fewer_tokens_is_answered_with_fewer(tmp_path):
+    p = smoke_sending(tmp_path, 'body["sampling_params"]["max_new_tokens"] = 5')
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["runs"][0]["phases"]["concurrent"]["output_tokens"] == 4 * 5, p.stderr

@@ -1,9 +1,10 @@
 """The grammar phase of `dflashctl smoke` end to end, against recorded constrained answers.
 
-The stand-in SGLang (tests/data/smoke/fake_sglang) replays each recording's "grammar" list
-(tests/data/smoke/make_fixtures.py): valid outputs from the baseline, SGLang 0.5.11's HTTP 400 from
-the speculative servers. Each test edits one answer and runs the real command: the real OpenAI
-client and the real checks decide ok or fail.
+The stand-in SGLang (tests/data/smoke/fake_sglang) answers constrained requests from the answers
+SGLang 0.5.11 gave on an H200 to the same requests (tests/data/smoke/h200-grammar/baseline.json,
+matched on path and body), and refuses them with SGLang's HTTP 400 when it runs speculative
+decoding. Each test edits one answer and runs the real command: the real OpenAI client and the
+real checks decide ok or fail.
 """
 
 import json
@@ -12,8 +13,7 @@ import os
 import pytest
 
 from dflashctl import errors
-from dflashctl.smoke import loadgen
-from test_smoke import DATA, FAKE, PYTHON_DIR, SETTINGS, recordings, running, smoke  # noqa: F401  (running: fixture)
+from test_smoke import FAKE, GRAMMAR, PYTHON_DIR, SGLANG_FACTS, prompts, running, smoke  # noqa: F401  (running)
 
 ROWS = [("regex", "/generate"), ("ebnf", "/generate"), ("json_schema", "/generate"),
         ("structural_tag", "/generate"), ("json_schema", "openai client"), ("tool_call", "openai client")]
@@ -24,19 +24,28 @@ def server(result: dict, run: str) -> dict:
 
 
 def answer(doc: dict, index: int, output: str) -> None:
-    """Put `output` where the recorded answer `index` carries its output."""
+    """Put `output` where the recorded answer `index` carries its output (SGLang returned the tool
+    call as the message's content: no --tool-call-parser)."""
     rec = doc["grammar"][index]
     if rec["request"]["path"] == "/generate":
         rec["response"]["text"] = output
-    elif rec["kind"] == "tool_call":
-        rec["response"]["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = output
     else:
         rec["response"]["choices"][0]["message"]["content"] = output
 
 
-def run_grammar(tmp_path, edit=None, *args, **env):
+def answers(tmp_path, edit=None):
+    """A copy of the H200's grammar answers; `edit(doc)` may change them first."""
+    doc = json.loads(GRAMMAR.read_text())
+    if edit:
+        edit(doc)
+    out = tmp_path / "grammar.json"
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def run_grammar(tmp_path, edit=None, *args, faults=None, **env):
     p = smoke(tmp_path, "--runs", "baseline,DFLASH", "--json", "result.json", *args,
-              recs=recordings(tmp_path, edit), **env)
+              grammar=answers(tmp_path, edit), faults=faults, **env)
     return p, json.loads((tmp_path / "result.json").read_text())
 
 
@@ -47,8 +56,9 @@ def test_every_constrained_output_is_checked_and_dflash_refusal_is_a_limit(tmp_p
     assert g["ok"] and g["failures"] == [] and result["ok"]
     base = server(result, "baseline")
     assert [(r["kind"], r["api"], r["status"]) for r in base["rows"]] == [(*r, "ok") for r in ROWS]
-    assert [r["output"] for r in base["rows"]][3:] == [
-        '<call>{"city":"Paris"}</call>', '{"ok": false, "color": "blue", "size": "L"}',
+    assert [r["output"] for r in base["rows"]] == [  # what xgrammar gave the random target on the H200
+        "yes, 390 pears", "bonjour world!", '{"ok": true, "color": "blue", "size": "M"}',
+        '<call>{"city":"Tokyo"}</call>', '{"ok": true, "color": "blue", "size": "M"}',
         'get_weather({"city": "Berlin"})']
     # what the fake reports back is what smoke started it with
     assert (base["tokenizer"], base["grammar_backend"], base["json_whitespace"]) == (True, "xgrammar", "fixed")
@@ -72,7 +82,9 @@ VIOLATIONS = [
     (3, '{"city":"Paris"}', "is not wrapped in <call>...</call>"),
     (4, '{"ok": false, "color": "blue", "size": "L", "note": "x"}', "property 'note' is not allowed"),
     (4, '{"ok": 1, "color": "blue", "size": "L"}', "$.ok: 1 is not of type boolean"),
-    (5, '{"city": "Berlin"', "arguments of get_weather: not JSON"),
+    (5, '[{"name": "get_weather", "parameters": {"city": "Rome"}}]',
+     "arguments of get_weather: $.city: 'Rome' is not one of"),
+    (5, '[{"name": "get_time", "parameters": {}}]', "unknown tool 'get_time'"),
 ]
 
 
@@ -80,10 +92,7 @@ VIOLATIONS = [
                          ids=[f"{ROWS[i][0]}-{ROWS[i][1].split()[0].strip('/')}-{n}" for n, (i, _, _) in
                               enumerate(VIOLATIONS)])
 def test_an_output_violating_its_grammar_fails_the_smoke(tmp_path, index, output, problem):
-    def violate(run, doc):
-        if run == "baseline":
-            answer(doc, index, output)
-    p, result = run_grammar(tmp_path, violate)
+    p, result = run_grammar(tmp_path, lambda doc: answer(doc, index, output))
     assert p.returncode == errors.GRAMMAR_VIOLATION, p.stderr
     assert not result["ok"] and result["runs"][0]["ok"]  # the throughput phases passed
     kind, api = ROWS[index]
@@ -97,10 +106,9 @@ def test_an_output_violating_its_grammar_fails_the_smoke(tmp_path, index, output
 
 
 def test_a_tool_call_answer_without_a_call_fails(tmp_path):
-    def no_call(run, doc):
-        if run == "baseline":
-            message = doc["grammar"][5]["response"]["choices"][0]["message"]
-            message["tool_calls"], message["content"] = None, '[{"name": "get_weather", "parameters": {"ci'
+    def no_call(doc):
+        message = doc["grammar"][5]["response"]["choices"][0]["message"]
+        message["tool_calls"], message["content"] = None, '[{"name": "get_weather", "parameters": {"ci'
     p, result = run_grammar(tmp_path, no_call)
     assert p.returncode == errors.GRAMMAR_VIOLATION
     assert "no tool call in the answer" in result["failures"][0]
@@ -108,9 +116,8 @@ def test_a_tool_call_answer_without_a_call_fails(tmp_path):
 
 def test_a_constrained_request_refused_by_the_baseline_fails(tmp_path):
     """A non-speculative server with a tokenizer and a grammar backend must serve the request."""
-    def refuse(run, doc):
-        if run == "baseline":
-            doc["grammar"][2].update(status=400, response={"error": {"message": "Failed to compile json grammar"}})
+    def refuse(doc):
+        doc["grammar"][2].update(status=400, response={"error": {"message": "Failed to compile json grammar"}})
     p, result = run_grammar(tmp_path, refuse)
     assert p.returncode == errors.GRAMMAR_VIOLATION
     assert result["failures"] == ["grammar: baseline json_schema via /generate: request failed: "
@@ -118,30 +125,21 @@ def test_a_constrained_request_refused_by_the_baseline_fails(tmp_path):
 
 
 def test_a_speculative_server_that_serves_constraints_is_checked_too(tmp_path):
-    def accept(output):
-        def edit(run, doc):
-            if run == "DFLASH":
-                base = json.loads((DATA / "baseline.json").read_text())["grammar"][0]
-                for rec in doc["grammar"]:
-                    rec.update(status=200, response={**base["response"], "text": output})
-        return edit
-    p, result = run_grammar(tmp_path, accept("no, 5 pears"))
+    """A DFLASH server that answers constrained requests (a later SGLang may): its answers are
+    checked like the baseline's."""
+    served = [{"kind": "grammar-served", "server": "DFLASH"}]
+    p, result = run_grammar(tmp_path, lambda doc: answer(doc, 0, "no, 5 pears"), faults=served)
     assert p.returncode == 0, p.stderr
     assert server(result, "DFLASH")["verdict"].startswith("serves structured output")
-    p, result = run_grammar(tmp_path, accept("no, five pears"))
+    p, result = run_grammar(tmp_path, lambda doc: answer(doc, 0, "no, five pears"), faults=served)
     assert p.returncode == errors.GRAMMAR_VIOLATION
-    assert result["failures"][0].startswith("grammar: DFLASH regex via /generate: output violates its grammar")
+    assert [f.split(":")[1] for f in result["failures"]] == [" baseline regex via /generate", " DFLASH regex via /generate"]
+    assert result["failures"][1].startswith("grammar: DFLASH regex via /generate: output violates its grammar")
 
 
 def test_a_throughput_failure_outranks_a_grammar_failure(tmp_path):
-    def both(run, doc):
-        if run == "baseline":
-            answer(doc, 0, "maybe")
-        if run == "DFLASH":
-            doc["generate"][1]["final"]["output_ids"] = []
-            doc["generate"][1]["final"]["meta_info"]["completion_tokens"] = 0
-            doc["generate"][1]["chunk_tokens"] = [0]
-    p, result = run_grammar(tmp_path, both)
+    p, result = run_grammar(tmp_path, lambda doc: answer(doc, 0, "maybe"),
+                            faults=[{"kind": "empty", "server": "DFLASH", "prompt": prompts()[1]}])
     assert p.returncode == errors.FAILED
     assert len(result["grammar"]["failures"]) == 1
     # 2 phases x 1 empty response, DFLASH's outputs no longer the baseline's, the grammar violation
@@ -164,12 +162,7 @@ def test_a_service_without_a_tokenizer_is_reported_not_failed(tmp_path, running)
 
 
 def test_a_service_with_grammar_backend_none_says_what_it_cannot_serve(tmp_path, running):
-    texts = loadgen.text_prompts(SETTINGS["requests"])
-
-    def with_tokenizer(run, doc):  # a service with a tokenizer gets text prompts
-        for g, text in zip(doc["generate"], texts):
-            g["request"]["text"] = g["request"].pop("input_ids") and text
-    url = running("baseline", recordings(tmp_path, with_tokenizer), args=("--grammar-backend", "none"))
+    url = running("baseline", args=("--grammar-backend", "none"))  # a tokenizer: it gets text prompts
     p = smoke(tmp_path, "--url", url, "--json", "result.json", "--runs", "baseline")
     assert p.returncode == 0, p.stderr
     verdict = server(json.loads((tmp_path / "result.json").read_text()), "baseline")["verdict"]
@@ -181,7 +174,7 @@ def test_without_the_openai_package_plain_http_is_used_and_said(tmp_path):
     shadow = tmp_path / "no-openai" / "openai"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text('raise ImportError("No module named \'openai\' (test)")\n')
-    path = os.pathsep.join([str(shadow.parent), str(PYTHON_DIR), str(FAKE)])
+    path = os.pathsep.join([str(shadow.parent), str(PYTHON_DIR), str(FAKE), str(SGLANG_FACTS)])
     p, result = run_grammar(tmp_path, None, PYTHONPATH=path)
     assert p.returncode == 0, p.stderr
     rows = server(result, "baseline")["rows"]
@@ -190,7 +183,8 @@ def test_without_the_openai_package_plain_http_is_used_and_said(tmp_path):
     assert "the openai package is not installed" in p.stdout
 
 
-def test_grammar_answers_are_recorded_and_replay(tmp_path):
+def test_recorded_grammar_answers_can_serve_as_the_stand_ins(tmp_path):
+    """What --record writes on a GPU can replace tests/data/smoke/h200-grammar as the answers."""
     p = smoke(tmp_path, "--runs", "baseline,DFLASH", "--record", "rec", "--json", "first.json")
     assert p.returncode == 0, p.stderr
     rec = json.loads((tmp_path / "rec" / "baseline.json").read_text())["grammar"]
@@ -198,7 +192,7 @@ def test_grammar_answers_are_recorded_and_replay(tmp_path):
     assert rec[5]["request"]["body"]["tool_choice"] == "required"
     dflash = json.loads((tmp_path / "rec" / "DFLASH.json").read_text())["grammar"]
     assert [(r["kind"], r["status"]) for r in dflash] == [("regex", 400)]
-    p = smoke(tmp_path, "--runs", "baseline,DFLASH", "--json", "second.json", recs=tmp_path / "rec")
+    p = smoke(tmp_path, "--runs", "baseline,DFLASH", "--json", "second.json", grammar=tmp_path / "rec" / "baseline.json")
     assert p.returncode == 0, p.stderr
     first, second = (json.loads((tmp_path / f).read_text())["grammar"] for f in ("first.json", "second.json"))
     strip = lambda g: [[(r["kind"], r["status"], r["output"]) for r in s["rows"]] for s in g["servers"]]  # noqa: E731

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 
-from test_smoke import PYTHON_DIR, env_for, recordings, running, smoke  # noqa: F401 (running: a fixture)
+from test_smoke import PYTHON_DIR, env_for, running, smoke  # noqa: F401 (running: a fixture)
 
 from dflashctl import __version__, errors
 from dflashctl.lock import lockfile
@@ -20,7 +20,7 @@ LOCK = PYTHON_DIR.parent / "nix" / "python-lock.json"
 
 
 def dflashctl(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "dflashctl", *args], env=env_for(recordings(tmp_path)),
+    return subprocess.run([sys.executable, "-m", "dflashctl", *args], env=env_for(),
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
 

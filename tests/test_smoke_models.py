@@ -9,7 +9,7 @@ from pathlib import Path
 
 from test_models import COMMIT, DRAFT_COMMIT, lay_out
 from test_smoke import smoke
-from test_smoke_lossless import LOAD, h200, real_pair_args
+from test_smoke_lossless import LOAD, real_pair_args
 
 from dflashctl import errors
 
@@ -27,7 +27,7 @@ def run(tmp_path, name: str, target_commit: str):
     lay_out(home, "z-lab/Qwen3-8B-DFlash-b16", DRAFT_COMMIT, DRAFT_FILES, ref="v1")
     p = smoke(tmp_path, *LOAD, "--runs", "baseline,DFLASH", "--json", f"{name}.json", *real_pair_args(),
               "--model-revision", "main", "--draft-model-revision", "v1", "--keep-logs", f"logs-{name}",
-              recs=h200(tmp_path, text=True), HF_HOME=str(home))
+              HF_HOME=str(home))
     assert p.returncode == 0, p.stderr
     return p, json.loads((tmp_path / f"{name}.json").read_text())
 
@@ -61,7 +61,7 @@ def test_a_real_pair_that_does_not_fit_is_refused_before_any_server_starts(tmp_p
     wrong = {**DRAFT_FILES, "config.json": (MODELS / "llama3.1-8b-instruct-dflash-ultrachat" / "config.json").read_bytes()}
     lay_out(home, "z-lab/Qwen3-8B-DFlash-b16", DRAFT_COMMIT, wrong, ref="v1")
     p = smoke(tmp_path, *LOAD, "--runs", "baseline,DFLASH", *real_pair_args(), "--model-revision", "main",
-              "--draft-model-revision", "v1", recs=h200(tmp_path, text=True), HF_HOME=str(home))
+              "--draft-model-revision", "v1", HF_HOME=str(home))
     assert p.returncode == errors.PREFLIGHT_MODEL_PAIR, p.stderr
     assert "the model pair does not fit (2 problem(s)); no server was started" in p.stderr
     assert "models: vocab_size: drafter 128256 != target 151936" in p.stderr

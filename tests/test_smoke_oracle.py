@@ -1,48 +1,38 @@
-"""The default smoke (oracle pair) replayed from what SGLang 0.5.11 answered on an H200.
+"""The default smoke (oracle pair) against the stand-in SGLang, which decodes the pair's files.
 
-tests/data/smoke/h200-oracle: the default smoke of 2026-12-01 (docs/gpu/smoke-oracle-h200.json):
-baseline, DFLASH with the oracle drafter, DFLASH with the poisoned drafter, and the grammar
-server. tests/data/smoke/h200-broken: `--pair broken` on the same machine (a drafter one position
-off: every draft rejected). The stand-in SGLang replays them; the real command judges them.
+The stand-in reads the rule from the checkpoints smoke writes (tests/data/smoke/fake_sglang/sglang/
+standin_model.py), and tests/test_standin_sglang.py holds its answers to what SGLang 0.5.11 answered
+on an H200 for the same requests: tests/data/smoke/h200-oracle (2026-12-01,
+docs/gpu/smoke-oracle-h200.json: baseline, DFLASH with the oracle drafter, DFLASH with the poisoned
+drafter, the grammar server) and h200-broken (`--pair broken`: every draft rejected). The figures
+below are the H200's, written out; the real command judges them.
 """
 
 import json
-import shutil
 
-from test_smoke import DATA, fake_without_ddtree, smoke
+import pytest
+
+from test_smoke import DATA, fake_without_ddtree, prompts, smoke
 
 from dflashctl import errors
 from dflashctl.smoke import acceptance, oracle, synthetic
 
-ORACLE = DATA / "h200-oracle"
-BROKEN = DATA / "h200-broken"
-REC = json.loads((ORACLE / "DFLASH.json").read_text())["settings"]
-LOAD = ["--requests", str(REC["requests"]), "--sequential-requests", str(REC["sequential_requests"]),
-        "--max-new-tokens", str(REC["max_new_tokens"]), "--input-len", str(REC["input_len"]),
-        "--seed", str(REC["seed"])]
-N, SEQ, NEW = REC["requests"], REC["sequential_requests"], REC["max_new_tokens"]
+GRAMMAR = DATA / "h200-oracle" / "grammar.json"  # the grammar server's answers on the H200
+LOAD = ["--requests", "8", "--sequential-requests", "4", "--max-new-tokens", "256", "--input-len", "32",
+        "--seed", "0"]
+N, SEQ, NEW = 8, 4, 256
+PROMPTS = prompts(8, 32, 0)
 
 
-def copy(tmp_path, src=ORACLE, edit=None):
-    out = tmp_path / "recs"
-    out.mkdir(exist_ok=True)
-    for f in src.glob("*.json"):
-        doc = json.loads(f.read_text())
-        if edit:
-            edit(f.stem, doc)
-        (out / f.name).write_text(json.dumps(doc))
-    return out
-
-
-def run(tmp_path, *args, recs=None, fake=None):
+def run(tmp_path, *args, fake=None, faults=None):
     extra = {"fake": fake} if fake else {}
     p = smoke(tmp_path, *LOAD, "--pair", "oracle", "--json", "result.json", "--work-dir", str(tmp_path / "work"),
-              *args, recs=recs or copy(tmp_path), **extra)
+              *args, grammar=GRAMMAR, faults=faults, **extra)
     return p, (json.loads((tmp_path / "result.json").read_text()) if (tmp_path / "result.json").exists() else None)
 
 
-def test_h200_default_smoke_replays_to_its_verdict(tmp_path):
-    p, result = run(tmp_path, fake=fake_without_ddtree(tmp_path))
+def test_the_default_smoke_gives_the_h200s_verdict_and_figures(tmp_path):
+    p, result = run(tmp_path, fake=fake_without_ddtree(tmp_path))  # SGLang 0.5.11 as released: no DDTREE
     assert p.returncode == 0, p.stdout + p.stderr
     assert result["ok"] and [r["name"] for r in result["runs"]] == ["baseline", "DFLASH", "DFLASH-poisoned"]
     assert result["oracle"]["content_hash"] == json.loads((DATA.parent.parent.parent / "docs" / "gpu" /
@@ -54,9 +44,13 @@ def test_h200_default_smoke_replays_to_its_verdict(tmp_path):
         assert dflash["phases"][phase]["accept_length"] == 16.0  # 16 verify steps for 256 tokens
         hist = dflash["phases"][phase]["acceptance_histogram"]
         assert hist["exact"] and hist["tokens_per_step"] == {"15": hist["steps"] // 16, "16": hist["steps"] * 15 // 16}
+    # the poisoned drafter: what the rule predicts, what the H200 measured, and a band of 1 either side
+    bands = {"concurrent": (9.1839, 8.1839, 10.1839), "sequential": (9.4815, 8.4815, 10.4815)}
+    for phase, (predicted, lo, hi) in bands.items():
         band = poisoned["acceptance"]["phases"][phase]
-        assert band["ok"] and band["accept_length"] == band["predicted"]  # SGLang did what the rule says
-        assert band["min"] == round(band["predicted"] - acceptance.POISONED_TOLERANCE, 4)
+        assert (band["predicted"], band["min"], band["max"], band["accept_length"]) == (predicted, lo, hi, predicted)
+        assert band["ok"]
+    for phase in ("sequential", "concurrent"):
         ph = poisoned["phases"][phase]["acceptance_histogram"]
         assert ph["exact"] and len(ph["tokens_per_step"]) > 8  # partial accepts of many lengths
     assert dflash["phases"]["sequential"]["speedup"] > 2  # the H200 measured 3.86
@@ -96,10 +90,9 @@ def test_a_second_run_reuses_the_pair_by_its_hash(tmp_path):
 
 
 def test_ddtree_runs_with_the_oracle_drafter_where_sglang_has_it(tmp_path):
-    """The stand-in SGLang offers DDTREE; it replays DFLASH's answers for it."""
-    recs = copy(tmp_path)
-    shutil.copy(recs / "DFLASH.json", recs / "DDTREE.json")
-    p, result = run(tmp_path, recs=recs)
+    """The stand-in SGLang has the DDTree patch (its tree verify decodes as DFLASH's for a drafter
+    that is always right)."""
+    p, result = run(tmp_path)
     assert p.returncode == 0, p.stderr
     assert [r["name"] for r in result["runs"]] == ["baseline", "DFLASH", "DFLASH-poisoned", "DDTREE"]
     args = (tmp_path / "work" / "logs" / "DDTREE.log").read_text().split()
@@ -108,7 +101,7 @@ def test_ddtree_runs_with_the_oracle_drafter_where_sglang_has_it(tmp_path):
 
 
 def test_h200_broken_drafter_fails_with_its_own_exit_code_and_the_figures(tmp_path):
-    p = smoke(tmp_path, *LOAD, "--pair", "broken", "--no-grammar", "--json", "result.json", recs=copy(tmp_path, BROKEN),
+    p = smoke(tmp_path, *LOAD, "--pair", "broken", "--no-grammar", "--json", "result.json",
               fake=fake_without_ddtree(tmp_path))
     assert p.returncode == errors.DRAFTS_REJECTED, p.stdout + p.stderr
     result = json.loads((tmp_path / "result.json").read_text())
@@ -122,36 +115,40 @@ def test_h200_broken_drafter_fails_with_its_own_exit_code_and_the_figures(tmp_pa
     assert f"FAILED: {line}" in p.stdout
 
 
-def poisoned_as_oracle(run_name, doc):
-    """The poisoned run's answers carry the oracle drafter's counters: it accepted too much."""
-    if run_name == "DFLASH-poisoned":
-        oracle_doc = json.loads((ORACLE / "DFLASH.json").read_text())
-        doc["generate"] = oracle_doc["generate"]
-
-
 def test_a_poisoned_run_above_its_band_fails_too(tmp_path):
-    p, result = run(tmp_path, recs=copy(tmp_path, edit=poisoned_as_oracle), fake=fake_without_ddtree(tmp_path))
+    """The poisoned run's server accepts every draft (not the poisoned drafter, or a verify that
+    takes what the target would not produce): its outputs stay right, its accept length is 16."""
+    p, result = run(tmp_path, fake=fake_without_ddtree(tmp_path),
+                    faults=[{"kind": "accept-all", "server": "draft-poisoned"}])
     assert p.returncode == errors.DRAFTS_REJECTED, p.stderr
     assert "more drafts accepted than the poisoned drafter gets right" in result["failures"][0]
     assert "did not load the poisoned drafter" in result["failures"][0]
 
 
-def test_a_divergence_with_accepted_drafts_fails_lossless_at_its_position(tmp_path):
-    def diverge(run_name, doc):
-        if run_name == "DFLASH":
-            doc["generate"][2]["final"]["output_ids"][40] += 1
-    p, result = run(tmp_path, recs=copy(tmp_path, edit=diverge), fake=fake_without_ddtree(tmp_path))
+@pytest.mark.parametrize("at", [40, 255], ids=["middle", "last token"])
+def test_a_divergence_with_accepted_drafts_fails_lossless_at_its_position(tmp_path, at):
+    faults = [{"kind": "diverge", "server": "DFLASH", "prompt": PROMPTS[2], "at": at}]
+    p, result = run(tmp_path, fake=fake_without_ddtree(tmp_path), faults=faults)
     assert p.returncode == errors.NOT_LOSSLESS, p.stderr
     first = result["runs"][1]["lossless"]["first_divergence"]
-    assert (first["phase"], first["request"], first["position"]) == ("sequential", 2, 40)
+    assert (first["phase"], first["request"], first["position"]) == ("sequential", 2, at)
+    rule = oracle_rule(PROMPTS[2], NEW)  # the baseline follows the rule; DFLASH is one id off there
+    assert (first["baseline_token"], first["token"]) == (rule[at], rule[at] + 1)
+
+
+def oracle_rule(prompt: list[int], n: int) -> list[int]:
+    """x[n] = succ(x[n - 15]) on the ids [10, 1000), written out here (docs/smoke.md)."""
+    seq = list(prompt)
+    for _ in range(n):
+        t = seq[-15]
+        seq.append(10 + (t - 10 + 1) % 990 if 10 <= t < 1000 else t)
+    return seq[len(prompt):]
 
 
 def test_a_baseline_that_leaves_the_rule_fails(tmp_path):
     """Same ids everywhere (lossless), but not the pair's rule: the weights served are not these."""
-    def shift(run_name, doc):
-        if run_name in ("baseline", "DFLASH", "DFLASH-poisoned"):
-            doc["generate"][1]["final"]["output_ids"][100] += 1
-    p, result = run(tmp_path, recs=copy(tmp_path, edit=shift), fake=fake_without_ddtree(tmp_path))
+    faults = [{"kind": "diverge", "prompt": PROMPTS[1], "at": 100}]  # every server
+    p, result = run(tmp_path, fake=fake_without_ddtree(tmp_path), faults=faults)
     assert p.returncode == errors.FAILED, p.stderr
     assert any("baseline sequential request 1 leaves the oracle's rule at token 100" in f for f in result["failures"])
 
@@ -170,10 +167,96 @@ def test_poisoned_run_needs_the_oracle_pair(tmp_path):
 def test_the_oracle_band_follows_the_rule_at_other_lengths():
     """At 100 new tokens the oracle can commit only 14.29 per step (7 steps): its band moves with
     the rule, so a correct host does not fail for a shorter request."""
-    shape, prompts = oracle.OracleShape(), [list(range(10, 42))]
-    for tokens, predicted in ((256, 16.0), (100, 14.2857)):
-        band = acceptance.expectations(shape, ["DFLASH"], prompts, 0, tokens)["DFLASH"]["concurrent"]
-        assert (band["predicted"], band["min"], band["max"]) == (predicted, round(predicted - 0.5, 4), None)
+    shape, ps = oracle.OracleShape(), [list(range(10, 42))]
+    for tokens, band_ in ((256, (16.0, 15.5, None)), (100, (14.2857, 13.7857, None)), (257, (16.0625, 15.5625, None))):
+        band = acceptance.expectations(shape, ["DFLASH"], ps, 0, tokens)["DFLASH"]["concurrent"]
+        assert (band["predicted"], band["min"], band["max"]) == band_
+
+
+def test_the_default_prompts_give_the_rules_bands():
+    """The default load's prompts: the poisoned drafter's predicted accept length and band per phase
+    (the H200 measured exactly the predictions), the oracle drafter's 16 and its floor 15.5."""
+    bands = acceptance.expectations(oracle.OracleShape(), ["DFLASH", "DFLASH-poisoned", "baseline"], PROMPTS, 4, 256)
+    assert set(bands) == {"DFLASH", "DFLASH-poisoned"}
+    assert bands["DFLASH"] == {"concurrent": {"predicted": 16.0, "min": 15.5, "max": None},
+                               "sequential": {"predicted": 16.0, "min": 15.5, "max": None}}
+    assert bands["DFLASH-poisoned"] == {"concurrent": {"predicted": 9.1839, "min": 8.1839, "max": 10.1839},
+                                        "sequential": {"predicted": 9.4815, "min": 8.4815, "max": 10.4815}}
+    assert acceptance.expectations(oracle.OracleShape(), ["DFLASH"], PROMPTS, 0, 256)["DFLASH"].keys() == {"concurrent"}
+
+
+OPEN = {"predicted": 16.0, "min": 15.5, "max": None}
+CLOSED = {"predicted": 9.1839, "min": 8.1839, "max": 10.1839}
+
+
+@pytest.mark.parametrize("band, got, ok", [
+    (OPEN, 15.5, True), (OPEN, 15.4999, False), (OPEN, 16.5, True), (OPEN, None, False),
+    (CLOSED, 8.1839, True), (CLOSED, 8.1838, False), (CLOSED, 10.1839, True), (CLOSED, 10.184, False),
+])
+def test_a_value_just_outside_its_band_fails_and_one_on_its_edge_passes(band, got, ok):
+    figures, why = acceptance.judge("DFLASH-poisoned", {"concurrent": {"accept_length": got}}, {"concurrent": band})
+    assert figures["ok"] is ok and figures["phases"]["concurrent"]["ok"] is ok
+    if ok:
+        assert why is None
+    elif got is not None and band["max"] is not None and got > band["max"]:
+        assert why == ("DFLASH-poisoned: more drafts accepted than the poisoned drafter gets right: "
+                       f"concurrent accept length {got:g} (rule predicts 9.1839, band 8.1839-10.1839); the server "
+                       "did not load the poisoned drafter, or verify accepted tokens the target would not produce")
+    else:
+        assert why.startswith("DFLASH-poisoned: drafts that should be accepted were rejected: the draft path "
+                              "is broken on this host: concurrent accept length "
+                              f"{'none' if got is None else f'{got:g}'} (rule predicts")
+
+
+def test_no_expectations_judge_nothing():
+    assert acceptance.judge("DFLASH", {"concurrent": {"accept_length": 1.0}}, None) == (None, None)
+    assert acceptance.judge("DFLASH", {}, {}) == (None, None)
+
+
+def test_the_histogram_counts_tokens_per_verify_step_from_the_stream():
+    from dflashctl.smoke.loadgen import RequestResult
+    source = "streamed chunks (one per decode step), checked against meta_info.spec_verify_ct"
+    reqs = [RequestResult(2, error="HTTP 500", commits=[1, 5], spec_verify_ct=1), RequestResult(3, commits=None),
+            RequestResult(0, commits=[1, 16, 16, 3], spec_verify_ct=3),
+            RequestResult(1, commits=[1, 2, 16], spec_verify_ct=2)]
+    h = acceptance.histogram(reqs)
+    assert h == {"tokens_per_step": {"2": 1, "3": 1, "16": 3}, "steps": 5, "exact": True, "source": source}
+    assert list(h["tokens_per_step"]) == ["2", "3", "16"]  # by size, not as met
+    # a client that read two verify steps as one chunk, or a first chunk of more than the prefill's token
+    assert acceptance.histogram([RequestResult(0, commits=[1, 32], spec_verify_ct=2)]) == {
+        "tokens_per_step": {"32": 1}, "steps": 1, "exact": False, "source": source}
+    assert acceptance.histogram([RequestResult(0, commits=[2, 16], spec_verify_ct=1)])["exact"] is False
+    assert acceptance.histogram([]) == {"tokens_per_step": {}, "steps": 0, "exact": True, "source": source}
+
+
+def test_expectations_cover_the_speculative_runs_of_the_oracle_pair_only():
+    shape, ps = oracle.OracleShape(), [PROMPTS[7], PROMPTS[0]]  # 8.26 and 8.83 tokens per step poisoned
+    bands = acceptance.expectations(shape, ["baseline", "DFLASH", "DDTREE", "EAGLE3", "DFLASH-poisoned"], ps, 1, 256)
+    assert list(bands) == ["DFLASH", "DDTREE", "DFLASH-poisoned"]
+    assert bands["DDTREE"] == bands["DFLASH"] == {"concurrent": {"predicted": 16.0, "min": 15.5, "max": None},
+                                                  "sequential": {"predicted": 16.0, "min": 15.5, "max": None}}
+    poisoned = bands["DFLASH-poisoned"]
+    for phase in ("concurrent", "sequential"):
+        p = poisoned[phase]
+        assert (p["min"], p["max"]) == (round(p["predicted"] - 1, 4), round(p["predicted"] + 1, 4))
+    # the sequential phase sends the first prompt only: its own prediction, not the concurrent one's
+    assert poisoned["sequential"]["predicted"] == round(oracle.expected_accept_length(shape, ps[:1], 256, True), 4)
+    assert poisoned["concurrent"]["predicted"] == round(oracle.expected_accept_length(shape, ps, 256, True), 4)
+    assert poisoned["sequential"]["predicted"] != poisoned["concurrent"]["predicted"]
+
+
+def test_a_broken_run_names_every_phase_out_of_its_band():
+    band = {"predicted": 16.0, "min": 15.5, "max": None}
+    figures, why = acceptance.judge("DFLASH", {"concurrent": {"accept_length": 1.0039}, "sequential": {}},
+                                    {"concurrent": band, "sequential": band})
+    assert figures == {"ok": False, "phases": {
+        "concurrent": {**band, "accept_length": 1.0039, "ok": False},
+        "sequential": {**band, "accept_length": None, "ok": False}}}
+    assert why == ("DFLASH: drafts that should be accepted were rejected: the draft path is broken on this host: "
+                   "concurrent accept length 1.0039 (rule predicts 16, band >= 15.5); "
+                   "sequential accept length none (rule predicts 16, band >= 15.5)")
+    ok, none = acceptance.judge("DFLASH", {"concurrent": {"accept_length": 16.0}}, {"concurrent": band})
+    assert ok == {"ok": True, "phases": {"concurrent": {**band, "accept_length": 16.0, "ok": True}}} and none is None
 
 
 def test_tensor_parallel_servers_get_their_gpus_and_the_tp_size(tmp_path):
@@ -184,7 +267,7 @@ def test_tensor_parallel_servers_get_their_gpus_and_the_tp_size(tmp_path):
         lines = (tmp_path / "work" / "logs" / f"{r}.log").read_text().splitlines()
         args = lines[0].split("server_args: ")[1].split()
         assert args[args.index("--tp-size") + 1] == "2", r
-        assert "[fake sglang %s] CUDA_VISIBLE_DEVICES=0,1" % r in lines
+        assert [x.split("] ", 1)[1] for x in lines if "] CUDA_VISIBLE_DEVICES=" in x] == ["CUDA_VISIBLE_DEVICES=0,1"], r
     assert result["ok"] and result["runs"][1]["lossless"]["status"] == "identical"
 
 

@@ -1,9 +1,8 @@
 """The concurrency sweep (`smoke --sweep`): its plan, its JSON and its verdict.
 
-End to end against the stand-in SGLang replaying the H200's oracle-pair recording
-(tests/data/smoke/h200-oracle): the stand-in answers every request as the H200 did, whatever the
-load, so the figures here are the stand-in's and only the plan, the checks and the summary are
-under test. Where a speculative run falls below the baseline is a pure function of the figures
+End to end against the stand-in SGLang decoding the oracle pair from its files (as SGLang 0.5.11
+would, whatever the load): the throughput figures here are the stand-in's, so only the plan, the
+checks and the summary are under test. Where a speculative run falls below the baseline is a pure function of the figures
 (sweep.crossing), checked on figures given here.
 """
 
@@ -12,7 +11,7 @@ import json
 
 import pytest
 from test_smoke import DATA, smoke
-from test_smoke_oracle import LOAD, NEW, SEQ, N, copy, fake_without_ddtree
+from test_smoke_oracle import GRAMMAR, LOAD, NEW, SEQ, N, fake_without_ddtree
 
 from dflashctl import errors
 from dflashctl.smoke import oracle, sweep
@@ -20,10 +19,10 @@ from dflashctl.smoke import oracle, sweep
 PLOT = DATA.parent.parent.parent / "benchmarks" / "sweep_plot.py"
 
 
-def run(tmp_path, *args, fake, **env):
-    """The real command, oracle pair, against the stand-in replaying the H200's answers."""
+def run(tmp_path, *args, fake, faults=None):
+    """The real command, oracle pair, against the stand-in (`faults`: what it is to break)."""
     p = smoke(tmp_path, *LOAD, "--pair", "oracle", "--json", "result.json", "--work-dir", str(tmp_path / "work"),
-              *args, recs=copy(tmp_path), fake=fake, timeout=180, **env)
+              *args, grammar=GRAMMAR, faults=faults, fake=fake, timeout=180)
     out = tmp_path / "result.json"
     return p, (json.loads(out.read_text()) if out.exists() else None)
 
@@ -107,7 +106,8 @@ def test_a_difference_only_under_the_sweeps_load_fails_lossless_at_that_point(tm
     # 8), then 1 + 8 at C=1 and 4 + 8 at C=4 (warm-up, measured) and 16 warm-up requests at C=16:
     # from there on it answers one token wrong.
     p, result = run(tmp_path, "--runs", "baseline,DFLASH", "--no-grammar", "--sweep", "1,4,16",
-                    fake=fake_without_ddtree(tmp_path), FAKE_SGLANG_DIVERGE_AFTER=f"{21 + 9 + 12 + 16}@DFLASH")
+                    fake=fake_without_ddtree(tmp_path),
+                    faults=[{"kind": "diverge", "server": "DFLASH", "at": -1, "after": 21 + 9 + 12 + 16}])
     assert p.returncode == errors.NOT_LOSSLESS, p.stdout + p.stderr
     dflash = result["runs"][1]
     d = dflash["lossless"]["first_divergence"]
@@ -120,7 +120,8 @@ def test_a_difference_only_under_the_sweeps_load_fails_lossless_at_that_point(tm
 def test_the_baseline_is_held_to_the_rule_at_every_point(tmp_path):
     # 21 requests before the sweep and 16 warm-up requests, then every answer one token wrong
     p, result = run(tmp_path, "--runs", "baseline", "--no-grammar", "--sweep", "16", "--sweep-rounds", "1",
-                    fake=fake_without_ddtree(tmp_path), FAKE_SGLANG_DIVERGE_AFTER="37@baseline")
+                    fake=fake_without_ddtree(tmp_path),
+                    faults=[{"kind": "diverge", "server": "baseline", "at": -1, "after": 37}])
     assert p.returncode == errors.FAILED, p.stdout + p.stderr
     [line] = result["failures"]
     assert line.startswith("baseline sweep 16 request 0 leaves the oracle's rule at token 255")

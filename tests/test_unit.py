@@ -1,7 +1,6 @@
 """`dflashctl unit`: golden units, `systemd-analyze verify`, the exposure score, and the shared data file."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -9,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import update_golden
 
 from dflashctl import cli, errors
 from dflashctl.service import config, serve, unit
@@ -30,9 +30,7 @@ def test_golden_unit(case):
     cfg = config.from_dict(settings(case))
     text = unit.render(cfg, f"/etc/dflash/{cfg.name}.json", "/opt/dflash/bin/dflashctl", systemd=256)
     path = GOLDEN / f"dflash-{cfg.name}.service"
-    if os.environ.get("DFLASH_UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    update_golden(path, text)
     assert text == path.read_text()
 
 

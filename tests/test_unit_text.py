@@ -6,13 +6,12 @@ Python (read the diff: it is the specification).
 """
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import nix_or_skip
+from conftest import nix_or_skip, update_golden
 from dflashctl.service import unit_text
 
 HERE = Path(__file__).parent
@@ -64,8 +63,7 @@ def golden() -> list[dict]:
 
 def test_python_matches_the_golden_file():
     got = [{"value": v, **python_rules(v)} for v in HOSTILE]
-    if os.environ.get("DFLASH_UPDATE_GOLDEN") == "1":
-        GOLDEN.write_text(json.dumps(got, indent=1, ensure_ascii=False) + "\n")
+    update_golden(GOLDEN, json.dumps(got, indent=1, ensure_ascii=False) + "\n")
     assert got == golden()
 
 

@@ -90,10 +90,17 @@ def describe(name: str, figures: dict) -> str:
 
 def judge(base, run, synthetic: bool, require_lossless: bool) -> tuple[dict | None, str | None, str | None]:
     """(figures, failure, warning) of one run: figures None for the baseline itself; a difference
-    fails the synthetic pair or with --require-lossless, and is a warning otherwise."""
+    fails the synthetic pair or with --require-lossless, and is a warning otherwise.
+    --require-lossless asks for proof: requests that could not be compared (no output ids) fail it."""
     if run.algorithm is None:
         return None, None, None
     figures = compare(base, run)
+    if require_lossless and figures["status"] == NOT_CHECKED:
+        return figures, (f"{run.name}: --require-lossless, but its outputs could not be compared with the "
+                         f"baseline's ({figures['reason']}): nothing proves them lossless"), None
+    if require_lossless and figures["skipped"]:
+        return figures, (f"{run.name}: --require-lossless, but {figures['skipped']} of its requests could not be "
+                         "compared with the baseline's (no output token ids in the answers)"), None
     if figures["status"] != DIVERGED:
         return figures, None, None
     line = f"{run.name}'s greedy outputs differ from the baseline's: {describe(run.name, figures)}"

@@ -57,8 +57,10 @@ def _phase_stats(p: PhaseResult) -> dict:
     }
 
 
-def failures(run: RunResult) -> list[str]:
-    """Why this run must fail the smoke test; empty when it passed."""
+def failures(run: RunResult, max_new_tokens: int | None = None) -> list[str]:
+    """Why this run must fail the smoke test; empty when it passed. Every request is sent
+    ignore_eos with `max_new_tokens`: one answered with another length was cut short (or run on)
+    by the server, and the runs no longer decode the same tokens."""
     out = []
     for p in run.phases:
         for r in p.requests:
@@ -67,6 +69,9 @@ def failures(run: RunResult) -> list[str]:
                 out.append(f"{where}: {r.error}")
             elif r.output_tokens == 0:
                 out.append(f"{where}: empty response (0 tokens)")
+            elif max_new_tokens and r.output_tokens != max_new_tokens:
+                out.append(f"{where}: {r.output_tokens} tokens, not the {max_new_tokens} asked (finish reason "
+                           f"{r.finish_reason}): the server did not decode to length although it was sent ignore_eos")
             elif run.algorithm is not None and r.spec_verify_ct == 0:
                 out.append(f"{where}: spec_verify_ct is 0 -- {run.algorithm} was not active")
     if not run.phases:
@@ -109,11 +114,11 @@ def summarise(runs: list[RunResult], settings: dict, phases_s: dict, synthetic: 
             s["speedup"] = round(s["output_tok_s"] / b, 3) if b and s["output_tok_s"] and run is not base else None
             if run.algorithm is not None and any(r.commits for r in p.requests):  # streamed phases only
                 s["acceptance_histogram"] = acceptance.histogram(p.requests)
-        fails = failures(run)
+        fails = failures(run, settings.get("max_new_tokens"))
         if run is base and rule:
             fails += rule_failures(run, rule)
         accept, low = acceptance.judge(run.name, stats, (expectations or {}).get(run.name))
-        if low and not failures(run):
+        if low and not failures(run, settings.get("max_new_tokens")):
             fails.append(low)
             rejected.append(low)
         same, fatal, warning = lossless.judge(base, run, synthetic, require_lossless)

@@ -91,8 +91,7 @@ def _gpus(o: SmokeOptions) -> dict:
 
 def _environment(o: SmokeOptions, spec: RunSpec) -> dict:
     # Milliseconds in SGLang's log stamps: the start-up phases (startup.py) are read from them.
-    # DFLASHCTL_SMOKE_RUN names the run in the server's environment (two runs may share an algorithm).
-    env = {"SGLANG_LOG_MS": "1", "DFLASHCTL_SMOKE_RUN": spec.run}
+    env = {"SGLANG_LOG_MS": "1"}
     cache = triton_cache(o)
     if cache:
         env["TRITON_CACHE_DIR"] = cache

@@ -1,6 +1,10 @@
 """A stand-in for `python -m sglang.launch_server`: a real HTTP server process for supervisor tests.
 
-Takes SGLang's flags (uses --port and --host, ignores the rest) and behaves as STANDIN_MODE says:
+Parses its argv as SGLang 0.5.11 does (tests/data/sglang/strict_args.py, found beside this file or
+in ../sglang; STANDIN_DDTREE=1 adds the DDTree patch's flag and choice): a flag or choice SGLang
+0.5.11 does not have exits 2 with argparse's message, as there. Copied alone (the NixOS VM test)
+it says on its first line that it checks no flags. It uses --port, --host, --model-path and
+--served-model-name, and behaves as STANDIN_MODE says:
   healthy          /health_generate answers 503 for STANDIN_READY_AFTER seconds, then 200
   crash            logs a few lines, then exits 3 after STANDIN_READY_AFTER seconds (never ready)
   hang             listens, but /health_generate never answers 200
@@ -43,6 +47,19 @@ import sys
 import threading
 import time
 
+def sglang_flags_checked() -> bool:
+    """Parse argv with SGLang 0.5.11's arguments where their facts are at hand; exit 2 on a refusal."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (here, os.path.join(os.path.dirname(here), "sglang")):
+        if os.path.exists(os.path.join(d, "strict_args.py")):
+            sys.path.insert(0, d)
+            import strict_args
+            strict_args.parse(sys.argv[1:], ddtree=os.environ.get("STANDIN_DDTREE") == "1")
+            return True
+    return False
+
+
+checked = sglang_flags_checked()
 mode = os.environ.get("STANDIN_MODE", "healthy")
 ready_after = float(os.environ.get("STANDIN_READY_AFTER", "0.5"))
 die_after = float(os.environ.get("STANDIN_DIE_AFTER", "0.3"))
@@ -67,6 +84,8 @@ def on_term(signum, frame):
 
 
 signal.signal(signal.SIGTERM, on_term)
+if not checked:
+    print("standin: SGLang's flags not checked (no strict_args.py beside this file or in ../sglang)", flush=True)
 print(f"standin: mode={mode} port={port}", flush=True)
 print("standin: Loading safetensors checkpoint shards", flush=True)
 
