@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from fake_hub import FakeHub
-from test_gpus import IDLE, stack_python  # noqa: F401  (the fixture)
-from test_models import COMMIT, DRAFT_COMMIT, lay_out
-from test_serve import NEVER, serve  # noqa: F401  (the fixture)
+from h200_recordings import IDLE
+from hub_cache_layout import COMMIT, DRAFT_COMMIT, lay_out
+from serve_fixture import NEVER
 
 from dflashctl import errors
 from dflashctl.host import gpus, model_pair, sglang_models

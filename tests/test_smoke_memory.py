@@ -3,7 +3,7 @@ them start, whatever the order in which they take their free-memory snapshot (se
 
 import json
 
-from test_smoke import smoke
+from smoke_runner import smoke
 
 from dflashctl.smoke import servers
 from dflashctl.smoke.servers import RunSpec, memory_plan
