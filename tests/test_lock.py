@@ -416,6 +416,22 @@ def test_added_removed_and_whole_systems_name_what_changed():
     assert table.split()[-1] == "-" and table.split()[2] == "removed"
 
 
+def test_a_system_added_or_dropped_whole_lists_every_package_and_its_roots():
+    lock = build()
+    arm = lock.systems[ARM]
+    without = lockfile.parse(json.loads(lock.dumps()))
+    del without.systems[ARM], without.roots[ARM]
+    added = {(c.package, c.kind, c.old, c.new) for c in lockdiff.diff(without, lock) if c.system == ARM}
+    assert added == {("roots", "setting", "", "packaging sglang-kernel soundfile torch triton xgrammar"),
+                     *{(n, "added", "", f"{w.version} {w.file}") for n, w in arm.items()}}
+    dropped = {(c.package, c.kind, c.old, c.new) for c in lockdiff.diff(lock, without) if c.system == ARM}
+    assert dropped == {("roots", "setting", "packaging sglang-kernel soundfile torch triton xgrammar", ""),
+                       *{(n, "removed", f"{w.version} {w.file}", "") for n, w in arm.items()}}
+    (deps,) = lockdiff.diff(lock, _edited(lock, X86, "packaging", dependencies=("b", "a")))
+    assert (deps.kind, deps.old, deps.new) == ("deps", " ".join(sorted(lock.systems[X86]["packaging"].dependencies)),
+                                               "a b")
+
+
 def test_a_version_that_is_not_pep_440_counts_as_an_upgrade():
     lock = build()
     old = _edited(lock, X86, "numpy", version="not-a-version")
