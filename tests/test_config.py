@@ -220,6 +220,47 @@ def test_reading_the_settings_file(tmp_path):
     assert e.value.what == f"invalid settings for instance 'a' in {bad}"
 
 
+MULTI = {"instances": {"b": {"model": "m", "port": 30001}, "a": {"model": "m", "gpus": [1]}}}
+
+
+def refusal(call) -> tuple:
+    with pytest.raises(errors.DflashError) as e:
+        call()
+    return e.value.what, e.value.why, e.value.fix, e.value.exit_code
+
+
+def test_a_file_of_several_instances_gives_the_one_named_or_all_of_them(tmp_path):
+    f = settings_file(tmp_path, json.dumps(MULTI).encode())
+    assert config.instance_of(MULTI, "b", "f") == ("b", {"model": "m", "port": 30001})
+    assert config.instance_of(OK, None, "f") == (None, OK) and config.instance_of(OK, "x", "f") == (None, OK)
+    assert config.instance_of({"instances": {"z": OK}}, None, "f") == ("z", OK)  # the one there is
+    b = config.load(f, "b")
+    assert (b.name, b.port, b.gpus) == ("b", 30001, ())
+    assert [(c.name, c.gpus) for c in config.load_all(f)] == [("a", (1,)), ("b", ())]  # sorted by name
+    one = settings_file(tmp_path, json.dumps(OK).encode())
+    assert config.load_all(one) == [config.from_dict(OK)] and config.load(one, "a").name == "a"
+    assert refusal(lambda: config.load(one, "c")) == (
+        f"{one} has no instance 'c'", "it holds instance 'a'", "pass --name a, or leave --name out", errors.CONFIG)
+
+
+def test_a_file_of_several_instances_is_refused_with_what_it_holds(tmp_path):
+    assert refusal(lambda: config.instance_of(MULTI, None, "f.json")) == (
+        "f.json holds 2 instances", "a, b", "pass --name NAME to choose one", errors.CONFIG)
+    assert refusal(lambda: config.instance_of(MULTI, "c", "f.json")) == (
+        "f.json has no instance 'c'", "it holds a, b", "pass --name one of them", errors.CONFIG)
+    shape = ("f.json is not a settings file",
+             'a file with "instances" must hold only {"instances": {"<name>": {...}, ...}}, with at least one instance',
+             'write one instance\'s settings, or every instance under "instances"', errors.CONFIG)
+    for bad in ({"instances": {}}, {"instances": []}, {"instances": {"a": OK}, "model": "m"}):
+        assert refusal(lambda: config.instance_of(bad, None, "f.json")) == shape, bad
+        f = settings_file(tmp_path, json.dumps(bad).encode())
+        assert refusal(lambda: config.load_all(f))[1:] == shape[1:]
+        assert refusal(lambda: config.load_all(f))[0] == f"{f} is not a settings file"
+    f = settings_file(tmp_path, json.dumps({"instances": {"a": {"model": "m", "port": 0}}}).encode())
+    assert refusal(lambda: config.load_all(f))[0] == f"invalid settings for instance 'a' in {f}"
+    assert refusal(lambda: config.load(f))[0] == f"invalid settings for instance 'a' in {f}"
+
+
 WROTE = "pass the settings file the module or `dflashctl unit` wrote (UTF-8 JSON)"
 
 

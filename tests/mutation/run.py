@@ -18,8 +18,11 @@ Survivors are triaged in tests/mutation/equivalent.json (mutant name -> its diff
 equivalent one (no test can tell it from the original) leaves the count, an accepted one
 ("equivalent": false: a test would break a house rule, e.g. time a request) stays in it as not
 killed. An entry holds while the mutant's diff is unchanged. The kill rate is
-killed / (mutants - equivalent); a mutant that makes a test hang past mutmut's limit counts as killed. The table
-and survivors go to docs/testing.md by hand, from the --json output.
+killed / (mutants - equivalent); a mutant that makes a test hang past mutmut's limit counts as killed. A
+module stopped by --timeout is marked capped: the mutants mutmut did not reach are counted apart
+("not reached") and its rate is over those it checked. --report-only reads the workspaces of an
+earlier run again (after triaging its survivors) without running mutmut. The table and survivors
+go to docs/testing.md by hand, from the --markdown output.
 """
 
 import argparse
@@ -118,6 +121,7 @@ def main() -> int:
     p.add_argument("--work", type=Path, default=cache / "dflash-tests" / "mutation")
     p.add_argument("--json", type=Path, help="write the figures and survivors here")
     p.add_argument("--markdown", type=Path, help="write the table and the triaged survivors here (docs/testing.md)")
+    p.add_argument("--report-only", action="store_true", help="report the last run's workspaces, run nothing")
     a = p.parse_args()
     equivalent = json.loads((REPO / "tests" / "mutation" / "equivalent.json").read_text())
     a.work.mkdir(parents=True, exist_ok=True)
@@ -125,24 +129,32 @@ def main() -> int:
     mutmut = v / "bin" / "mutmut"
     report = {}
     for module in a.modules:
-        ws = workspace(a.work, module, MODULES[module])
-        t0 = time.monotonic()
-        env = {**os.environ, "PATH": f"{v / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHONDONTWRITEBYTECODE": "1"}
+        ws = a.work / module.replace("/", "-").removesuffix(".py")
         log = ws / "mutmut.log"
-        try:
-            with log.open("w") as out:
-                subprocess.run([str(mutmut), "run", "--max-children", "1"], cwd=ws, env=env, timeout=a.timeout,
-                               stdout=out, stderr=subprocess.STDOUT)
-            capped = False
-        except subprocess.TimeoutExpired:
-            capped = True
+        t0 = time.monotonic()
+        if a.report_only:
+            capped = None  # unknown: the earlier run's log says
+        else:
+            ws = workspace(a.work, module, MODULES[module])
+            env = {**os.environ, "PATH": f"{v / 'bin'}{os.pathsep}{os.environ['PATH']}",
+                   "PYTHONDONTWRITEBYTECODE": "1"}
+            try:
+                with log.open("w") as out:
+                    subprocess.run([str(mutmut), "run", "--max-children", "1"], cwd=ws, env=env, timeout=a.timeout,
+                                   stdout=out, stderr=subprocess.STDOUT)
+                capped = False
+            except subprocess.TimeoutExpired:
+                capped = True
         status = results(ws, mutmut)
         if status and all(s == "not checked" for s in status.values()):
             tail = log.read_text(errors="replace").replace("\r", "\n").splitlines()[-25:]
             print(f"{module}: mutmut checked nothing; the end of {log}:\n  " + "\n  ".join(tail), file=sys.stderr)
             report[module] = {"mutants": len(status), "error": "mutmut checked nothing", "log": str(log)}
             continue
-        # a mutant that makes a test hang past mutmut's limit is found too ("timeout")
+        # a mutant that makes a test hang past mutmut's limit is found too ("timeout"); one the time
+        # cap left unchecked is neither killed nor a survivor
+        unreached = sorted(n for n, s in status.items() if s == "not checked")
+        status = {n: s for n, s in status.items() if s != "not checked"}
         survived = sorted(n for n, s in status.items() if s not in ("killed", "timeout"))
         diffs = {n: show(ws, mutmut, n) for n in survived}
         # an entry counts only while the mutant is still the change it was judged for
@@ -153,9 +165,10 @@ def main() -> int:
         counted = len(status) - len(equiv)
         killed = len(status) - len(survived)
         report[module] = {
-            "mutants": len(status), "killed": killed, "equivalent": len(equiv),
+            "mutants": len(status) + len(unreached), "not_reached": len(unreached), "killed": killed,
+            "equivalent": len(equiv),
             "kill_rate": round(killed / counted, 4) if counted else None,
-            "seconds": round(time.monotonic() - t0), "capped": capped,
+            "seconds": None if a.report_only else round(time.monotonic() - t0), "capped": capped,
             "accepted": len(accepted), "open": len(open_),
             "survivors": {n: {"status": status[n], "equivalent": n in equiv,
                               "why": equivalent[n]["why"] if n in judged else None, "diff": diffs[n]}
@@ -165,7 +178,7 @@ def main() -> int:
         print(f"{module}: {killed}/{counted} non-equivalent mutants killed"
               f" ({'-' if rate is None else f'{100 * rate:.1f} %'}), {len(equiv)} equivalent, "
               f"{len(accepted)} accepted, {len(open_)} open, {report[module]['seconds']} s"
-              f"{' (capped)' if capped else ''}", flush=True)
+              f"{f' (capped: {len(unreached)} not reached)' if unreached else ''}", flush=True)
         for n in open_:
             stale = " (equivalent.json has another change under this name: judge it again)" if n in equivalent else ""
             print(f"  survived: {n} ({status[n]}){stale}\n    " + diffs[n].replace("\n", "\n    "))
@@ -177,14 +190,16 @@ def main() -> int:
 
 
 def markdown(report: dict) -> str:
-    rows = ["| module | mutants | killed | equivalent | not killed | kill rate | seconds |", "|---|---|---|---|---|---|---|"]
+    rows = ["| module | mutants | not reached | killed | equivalent | not killed | kill rate | seconds |",
+            "|---|---|---|---|---|---|---|---|"]
     for module, r in report.items():
         if "error" in r:
-            rows.append(f"| {module} | {r['mutants']} | - | - | - | {r['error']} | - |")
+            rows.append(f"| {module} | {r['mutants']} | - | - | - | - | {r['error']} | - |")
             continue
         rate = "-" if r["kill_rate"] is None else f"{100 * r['kill_rate']:.1f} %"
-        rows.append(f"| `{module}` | {r['mutants']} | {r['killed']} | {r['equivalent']} | "
-                    f"{r['mutants'] - r['killed'] - r['equivalent']} | {rate} | {r['seconds']} |")
+        checked = r["mutants"] - r["not_reached"]
+        rows.append(f"| `{module}` | {r['mutants']} | {r['not_reached']} | {r['killed']} | {r['equivalent']} | "
+                    f"{checked - r['killed'] - r['equivalent']} | {rate} | {r['seconds'] or '-'} |")
     out = ["\n".join(rows), ""]
     for module, r in report.items():
         for kind, title in ((True, "equivalent"), (False, "not killed")):
