@@ -259,6 +259,10 @@ def test_a_file_of_several_instances_is_refused_with_what_it_holds(tmp_path):
     f = settings_file(tmp_path, json.dumps({"instances": {"a": {"model": "m", "port": 0}}}).encode())
     assert refusal(lambda: config.load_all(f))[0] == f"invalid settings for instance 'a' in {f}"
     assert refusal(lambda: config.load(f))[0] == f"invalid settings for instance 'a' in {f}"
+    one = settings_file(tmp_path, json.dumps({"name": "a", "model": "m", "port": 0}).encode())
+    assert refusal(lambda: config.load_all(one))[0] == f"invalid settings for instance 'a' in {one}"
+    multi = settings_file(tmp_path, json.dumps(MULTI).encode())
+    assert refusal(lambda: config.load(multi))[:2] == (f"{multi} holds 2 instances", "a, b")
 
 
 WROTE = "pass the settings file the module or `dflashctl unit` wrote (UTF-8 JSON)"
