@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from test_model_pair import LLAMA_DRAFT, cached_pair, hub_settings  # noqa: E402
+from model_pair_files import LLAMA_DRAFT, cached_pair, hub_settings  # noqa: E402
 
 from dflashctl.service import config, model_check  # noqa: E402
 

@@ -6,6 +6,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Fixtures more than one test module uses, in support modules named for what they hold (a test module
+# never imports another): pytest finds them here for every test under tests/.
+pytest_plugins = ["serve_fixture", "h200_recordings", "smoke_runner"]
+
 
 @pytest.fixture
 def repo() -> Path:

@@ -5,69 +5,17 @@ under NAME in its "Character devices" section (a name may be a glob); a path all
 node at that path, if it exists when the unit starts. Layouts: tests/data/devices/<layout>/.
 """
 
-import fnmatch
 import json
 import re
 
 import pytest
 
-from conftest import REPO
+from device_layouts import LAYOUTS, UNIT, layout, resolve
 
-LAYOUTS = REPO / "tests/data/devices"
-UNIT = REPO / "python/dflashctl/service/data/service-unit.json"
 # What CUDA (a context on each GPU), UVM (managed memory, every allocation path of torch) and
 # NCCL (the driver's capability nodes for IMEX / fabric handles) open.
 NEEDED = [r"/dev/nvidia\d+", r"/dev/nvidiactl", r"/dev/nvidia-uvm", r"/dev/nvidia-uvm-tools",
           r"/dev/nvidia-caps/nvidia-cap\d+"]
-
-
-def char_groups(text: str) -> dict[str, set[int]]:
-    """/proc/devices' character section: group name -> majors."""
-    groups: dict[str, set[int]] = {}
-    section = None
-    for line in text.splitlines():
-        if line.endswith(":"):
-            section = line[:-1]
-        elif line.strip() and section == "Character devices":
-            major, name = line.split(None, 1)
-            groups.setdefault(name, set()).add(int(major))
-    return groups
-
-
-def nodes(text: str) -> dict[str, tuple[int, int]]:
-    """`ls -l` lines of character devices: path -> (major, minor); a `DIR:` header prefixes the
-    names listed under it."""
-    out, directory = {}, ""
-    for line in text.splitlines():
-        if line.endswith(":") and line.startswith("/"):
-            directory = line[:-1] + "/"
-            continue
-        m = re.match(r"^c\S+\s+\d+\s+\S+\s+\S+\s+(\d+),\s*(\d+)\s+\w+\s+\d+\s+[\d:]+\s+(\S+)$", line)
-        if m:
-            path = m.group(3) if m.group(3).startswith("/") else directory + m.group(3)
-            out[path] = (int(m.group(1)), int(m.group(2)))
-    return out
-
-
-def resolve(device_allow: list[str], groups: dict[str, set[int]], devs: dict[str, tuple[int, int]]):
-    """(allowed majors with every minor, allowed single nodes), for entries granting r and w."""
-    majors, single = set(), set()
-    for entry in device_allow:
-        spec, access = (entry.split() + ["rwm"])[:2]
-        if not {"r", "w"} <= set(access):
-            continue
-        if spec.startswith("char-"):
-            for name, m in groups.items():
-                if fnmatch.fnmatchcase(name, spec[len("char-"):]):
-                    majors |= m
-        elif spec in devs:
-            single.add(devs[spec])
-    return majors, single
-
-
-def layout(name: str):
-    d = LAYOUTS / name
-    return char_groups((d / "proc-devices.txt").read_text()), nodes((d / "dev-nvidia.txt").read_text())
 
 
 def device_allow() -> list[str]:

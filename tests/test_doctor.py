@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import update_golden
+from doctor_cli import diff, doctor
 
 from dflashctl import errors
 
@@ -74,16 +75,6 @@ def lock(venvs, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("lock") / "python-lock.json"
     path.write_text(json.dumps(lock))
     return path
-
-
-def doctor(python: Path, lock: Path, save: Path, *extra: str) -> subprocess.CompletedProcess:
-    # Bytecode is written as on any host, so the first run's compiled imports serve the later ones
-    # (the variants share the base's site-packages), also where PYTHONDONTWRITEBYTECODE is set.
-    # DFLASH_PREBUILT_KERNELS: the dev shell sets it; the goldens say what a host without it sees
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "DFLASH_PREBUILT_KERNELS")}
-    return subprocess.run([sys.executable, "-m", "dflashctl", "doctor", "--python", str(python),
-                           "--lock", str(lock), "--save", str(save), "--timeout", "180", *extra],
-                          capture_output=True, text=True, env=env)
 
 
 @pytest.fixture(scope="session")
@@ -179,11 +170,6 @@ def test_golden_json(venvs, lock, reports, tmp_path):
               "lock": {k: v for k, v in fp["lock"].items() if k != "path"}}
     text = normalise_table(json.dumps(stable, indent=2, sort_keys=True) + "\n", venvs, lock)
     golden("old.json.golden", text)
-
-
-def diff(a: Path, b: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dflashctl", "diff", str(a), str(b), *extra],
-                          capture_output=True, text=True)
 
 
 def test_diff_puts_the_grammar_api_break_first_and_fails(reports, tmp_path):

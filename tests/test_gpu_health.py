@@ -26,8 +26,7 @@ from dflashctl.service import config
 from nvml_scenario import HW_THERMAL, SW_THERMAL, Scenario, build_fake_nvml, recorded_gpu
 from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body, needs_router
 from rollout_harness import Supervisor, serve_argv
-from test_gpus import stack_python  # noqa: F401 - the fixture
-from test_serve import NEVER, serve  # noqa: F401 - the fixture
+from serve_fixture import NEVER
 
 REPO = Path(__file__).resolve().parent.parent
 GOOD = json.loads((REPO / "docs" / "gpu" / "fingerprint-good.json").read_text())
@@ -397,7 +396,7 @@ def test_the_other_instance_answers_every_request_while_one_gpu_fails(nvml, stac
 # --- smoke: each GPU's health at the start and the end of the run -------------------------------------
 
 def test_smoke_names_each_gpus_health_at_the_start_and_the_end(nvml, tmp_path):
-    from test_smoke import smoke
+    from smoke_runner import smoke
     s = Scenario(tmp_path / "s.nvml", gpus=2).set("1.pcie.width_current", 8)
     p = smoke(tmp_path, "--json", "result.json", DFLASHCTL_NVML_REPLAY="", **nvml_env(nvml, s))
     assert p.returncode == 0, p.stderr
@@ -409,7 +408,7 @@ def test_smoke_names_each_gpus_health_at_the_start_and_the_end(nvml, tmp_path):
 
 
 def test_smoke_fails_when_its_gpu_is_faulty_at_the_end(nvml, tmp_path):
-    from test_smoke import smoke
+    from smoke_runner import smoke
     s = SCENARIOS["remap-failed"][0](Scenario(tmp_path / "s.nvml"))
     p = smoke(tmp_path, "--json", "result.json", DFLASHCTL_NVML_REPLAY="", **nvml_env(nvml, s))
     assert p.returncode == errors.FAILED, p.stderr

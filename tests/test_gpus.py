@@ -15,15 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from h200_recordings import BUSY, DATA, IDLE
+from serve_fixture import NEVER
 
 from dflashctl import errors
 from dflashctl.host import gpus, probes
 from dflashctl.service import config, gpu_claim, sglang_0_5_11
-from test_serve import NEVER, serve  # noqa: F401 - the fixture
-
-DATA = Path(__file__).parent / "data"
-IDLE, BUSY = DATA / "gpus" / "h200-idle.json", DATA / "gpus" / "h200-busy.json"
-RECORDED_PYTHON = DATA / "service" / "recorded_python.py"
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +42,6 @@ def holder():
     yield proc
     proc.kill()
     proc.wait()
-
-
-@pytest.fixture
-def stack_python(tmp_path) -> str:
-    """An interpreter whose preflight probes answer as the H200's did (recorded_python.py)."""
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{RECORDED_PYTHON}" "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
 
 
 def test_nvml_is_read_through_the_library_path_it_is_given(fake_nvml, holder, monkeypatch):

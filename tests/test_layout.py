@@ -155,3 +155,38 @@ def test_the_length_rule_sees_a_long_function(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(LONGEST_FUNCTION))
     (tmp_path / "long.py").write_text(f"def too_long():\n{body}\n\n\ndef register(sub):\n{body}\n")
     assert long_functions(tmp_path) == [f"long.py:1 too_long ({LONGEST_FUNCTION + 1} lines)"]
+
+
+# --- the tests' own layout: shared helpers in support modules, no test module imports another ------
+
+REPO = PKG.parent.parent
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The top-level name of every module `path` imports, inside functions too."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_no_module_imports_a_test_module():
+    """What several tests share lives in a support module at tests/ root (serve_fixture.py,
+    smoke_runner.py, ...; fixtures registered in conftest.py), so a test module can move to any
+    folder of tests/ and nothing that imported it breaks."""
+    test_modules = {p.stem for p in (REPO / "tests").rglob("test_*.py") if "data" not in p.parts}
+    assert "test_layout" in test_modules
+    found = []
+    for p in sorted([*(REPO / "tests").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py")]):
+        if names := sorted(imported_modules(p) & test_modules):
+            found.append(f"{p.relative_to(REPO)} imports {', '.join(names)}")
+    assert not found, "move what they import to a support module: " + "; ".join(found)
+
+
+def test_an_import_inside_a_function_counts(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import os.path\nfrom . import sibling\n\ndef test_x():\n    from test_smoke import smoke\n")
+    assert imported_modules(f) == {"os", "test_smoke"}

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 from fake_hub import FakeHub
-from test_gpus import IDLE, stack_python  # noqa: F401  (the fixture)
-from test_models import COMMIT, DRAFT_COMMIT, lay_out
-from test_serve import NEVER, serve  # noqa: F401  (the fixture)
+from h200_recordings import IDLE
+from hub_cache_layout import COMMIT
+from model_pair_files import (DATA, LLAMA, LLAMA_DRAFT, QWEN, QWEN_DRAFT, VOCAB, cached_pair, hub_settings,
+                              tokenizer_json)
+from serve_fixture import NEVER
 
 from dflashctl import errors
 from dflashctl.host import gpus, model_pair, sglang_models
@@ -25,9 +27,6 @@ from dflashctl.host.model_pair import FAIL, WARN
 from dflashctl.service import config, model_check
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).parent / "data" / "models"
-QWEN, QWEN_DRAFT = "qwen3-8b", "qwen3-8b-dflash-b16"
-LLAMA, LLAMA_DRAFT = "llama-3.1-8b-instruct", "llama3.1-8b-instruct-dflash-ultrachat"
 # A chat template of ours with the shape of Qwen3's: it thinks unless enable_thinking is false.
 THINKING_TEMPLATE = ("{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}"
                      "<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}"
@@ -40,17 +39,6 @@ def published(name: str) -> dict:
 
 def rules(findings, level=FAIL) -> list[str]:
     return [f.rule for f in findings if f.level == level]
-
-
-def tokenizer_json(tokens: list[str], added: tuple[str, ...] = ()) -> str:
-    """A small tokenizer.json of our own: a BPE vocabulary and added special tokens."""
-    return json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)},
-                                                   "merges": []},
-                       "added_tokens": [{"id": len(tokens) + k, "content": a, "special": True}
-                                        for k, a in enumerate(added)]})
-
-
-VOCAB = [f"tok{i}" for i in range(64)]
 
 
 def model_dir(root: Path, name: str, edit=None, tokenizer: str | None = None, chat_template: str | None = None,
@@ -325,15 +313,6 @@ def test_weights_larger_than_the_gpus_share_are_warned_about():
 
 # --- the hub cache: offline hosts read only it, and nothing here asks the hub ---------------------
 
-def cached_pair(home: Path, draft: str = QWEN_DRAFT, manifest: bool = True):
-    files = lambda name, tok: {  # noqa: E731
-        "config.json": (DATA / name / "config.json").read_bytes(),
-        **({"tokenizer.json": tokenizer_json(VOCAB).encode()} if tok else {}),
-        "model.safetensors": b"\0" * 128}
-    lay_out(home, "Qwen/Qwen3-8B", COMMIT, files(QWEN, True), manifest=manifest)
-    lay_out(home, "z-lab/draft", DRAFT_COMMIT, files(draft, False), manifest=manifest)
-
-
 @pytest.fixture
 def hub():
     h = FakeHub({})  # serves nothing: any request made here is a failure of the rule
@@ -347,12 +326,6 @@ def validate_models(settings: dict, tmp_path: Path, hub) -> subprocess.Completed
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"), HF_ENDPOINT=hub.url)
     return subprocess.run([sys.executable, "-m", "dflashctl", "validate", str(f), "--models"],
                           capture_output=True, text=True, env=env, timeout=120)
-
-
-def hub_settings(home: Path, **more) -> dict:
-    return {"name": "q", "model": "Qwen/Qwen3-8B", "modelRevision": COMMIT, "draftModel": "z-lab/draft",
-            "draftModelRevision": DRAFT_COMMIT, "speculative": {"algorithm": "DFLASH"}, "offline": True,
-            "cacheDir": str(home), **more}
 
 
 def test_offline_hosts_read_the_pair_from_the_cache_only(tmp_path, hub):

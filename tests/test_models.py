@@ -15,15 +15,14 @@ from pathlib import Path
 
 import pytest
 from fake_hub import FakeHub, Repo
-from test_serve import NEVER, serve  # noqa: F401  (the fixture)
+from hub_cache_layout import COMMIT, DRAFT_COMMIT, lay_out
+from serve_fixture import NEVER
 
 from dflashctl import errors
 from dflashctl.host import hub_cache
 from dflashctl.service import config, unit, validate
 
 REPO = Path(__file__).resolve().parent.parent
-COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
-DRAFT_COMMIT = "3b1c0d2e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c"
 TOKEN = "hf_s3cretT0ken"
 
 
@@ -114,28 +113,6 @@ def test_missing_hf_token_file_is_a_config_error(serve):  # noqa: F811
 
 
 # --- offline: the cache as the hub client lays it out --------------------------------------------
-
-def lay_out(hf_home: Path, repo_id: str, commit: str, files: dict[str, bytes], ref: str | None = "main",
-            manifest: bool = False) -> Path:
-    """A cache in huggingface_hub's layout: blobs by etag, snapshot links, refs/<branch>."""
-    root = hf_home / "hub" / hub_cache.repo_folder(repo_id)
-    snapshot = root / "snapshots" / commit
-    for name, data in files.items():
-        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = snapshot / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    if ref:
-        (root / "refs").mkdir(parents=True, exist_ok=True)
-        (root / "refs" / ref).write_text(commit)
-    if manifest:
-        m = hub_cache.manifest_path(hf_home, repo_id, commit)
-        m.parent.mkdir(parents=True, exist_ok=True)
-        m.write_text(json.dumps({"files": [{"path": n, "size": len(d)} for n, d in files.items()]}))
-    return snapshot
-
 
 SHARDED = {"config.json": b"{}", "model.safetensors.index.json":
            json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors",

@@ -59,7 +59,7 @@ def flake():
 
 
 def test_no_check_reaches_the_stack_the_kernels_or_a_wheel(flake):
-    from test_nix_flake import PER_SYSTEM, SYSTEMS
+    from flake_outputs import PER_SYSTEM, SYSTEMS
     assert set(flake) == SYSTEMS
     for system, out in flake.items():
         assert set(out["checks"]) == PER_SYSTEM["checks"], system

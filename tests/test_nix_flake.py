@@ -9,17 +9,10 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, nix_or_skip, nixfmt_or_skip
+from flake_outputs import PER_SYSTEM, SYSTEMS
 from nixeval import eval_file, eval_json, nix_env
 
 pytestmark = pytest.mark.nix
-
-PER_SYSTEM = {
-    "packages": {"dflash-env", "dflashctl", "dflash-host-compiler", "dflash-kernels", "default"},
-    "apps": {"dflash-smoke"},
-    "devShells": {"default"},
-    "checks": {"pytest", "lock-matches-spec", "nixos-example", "nixos-vm", "formatting"},
-}
-SYSTEMS = {"x86_64-linux", "aarch64-linux"}
 
 
 def nix_files():

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from dflashctl import errors
-from test_smoke import FAKE, GRAMMAR, PYTHON_DIR, SGLANG_FACTS, prompts, running, smoke  # noqa: F401  (running)
+from smoke_runner import FAKE, GRAMMAR, PYTHON_DIR, SGLANG_FACTS, prompts, smoke
 
 ROWS = [("regex", "/generate"), ("ebnf", "/generate"), ("json_schema", "/generate"),
         ("structural_tag", "/generate"), ("json_schema", "openai client"), ("tool_call", "openai client")]

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 
-from test_smoke import PYTHON_DIR, env_for, running, smoke  # noqa: F401 (running: a fixture)
+from smoke_runner import PYTHON_DIR, env_for, smoke
 
 from dflashctl import __version__, errors
 from dflashctl.lock import lockfile

@@ -10,13 +10,12 @@ import json
 
 import pytest
 
-from test_smoke import prompts, smoke
+from lossless_load import LOAD, real_pair_args
+from smoke_runner import prompts, smoke
 
 from dflashctl import errors
 from dflashctl.smoke import loadgen
 
-LOAD = ["--requests", "8", "--sequential-requests", "4", "--max-new-tokens", "256", "--input-len", "32",
-        "--seed", "0", "--no-grammar"]
 N, SEQ, NEW = 8, 4, 256
 DIVERGING_REQUEST = 3  # prompt 3 runs in both phases (the sequential phase sends prompts 0-3)
 PROMPTS = prompts(8, 32, 0)
@@ -28,10 +27,6 @@ def diverging(at: int, request: int = DIVERGING_REQUEST, server: str = "DFLASH")
 
 def result_of(tmp_path) -> dict:
     return json.loads((tmp_path / "result.json").read_text())
-
-
-def real_pair_args():
-    return ["--model", "Qwen/Qwen3-8B", "--draft-model", "z-lab/Qwen3-8B-DFlash-b16"]
 
 
 def test_identical_outputs_are_lossless(tmp_path):

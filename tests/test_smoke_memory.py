@@ -3,7 +3,7 @@ them start, whatever the order in which they take their free-memory snapshot (me
 
 import json
 
-from test_smoke import smoke
+from smoke_runner import smoke
 
 from dflashctl.smoke import memory
 from dflashctl.smoke.memory import memory_plan

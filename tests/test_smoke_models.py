@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_models import COMMIT, DRAFT_COMMIT, lay_out
-from test_smoke import smoke
-from test_smoke_lossless import LOAD, real_pair_args
+from hub_cache_layout import COMMIT, DRAFT_COMMIT, lay_out
+from lossless_load import LOAD, real_pair_args
+from smoke_runner import smoke
 
 from dflashctl import errors
 

@@ -12,15 +12,12 @@ import json
 
 import pytest
 
-from test_smoke import DATA, fake_without_ddtree, prompts, smoke
+from oracle_load import GRAMMAR, LOAD, NEW, SEQ, N
+from smoke_runner import DATA, fake_without_ddtree, prompts, smoke
 
 from dflashctl import errors
 from dflashctl.smoke import acceptance, oracle, synthetic
 
-GRAMMAR = DATA / "h200-oracle" / "grammar.json"  # the grammar server's answers on the H200
-LOAD = ["--requests", "8", "--sequential-requests", "4", "--max-new-tokens", "256", "--input-len", "32",
-        "--seed", "0"]
-N, SEQ, NEW = 8, 4, 256
 PROMPTS = prompts(8, 32, 0)
 
 

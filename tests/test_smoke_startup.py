@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_smoke import DATA, smoke
+from smoke_runner import DATA, smoke
 
 from dflashctl.smoke import startup
 

@@ -10,8 +10,8 @@ import importlib.util
 import json
 
 import pytest
-from test_smoke import DATA, smoke
-from test_smoke_oracle import GRAMMAR, LOAD, NEW, SEQ, N, fake_without_ddtree
+from oracle_load import GRAMMAR, LOAD, NEW, SEQ, N
+from smoke_runner import DATA, fake_without_ddtree, smoke
 
 from dflashctl import errors
 from dflashctl.smoke import oracle, sweep

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from test_smoke import DATA, FAKE, SGLANG_FACTS, env_for
+from smoke_runner import DATA, FAKE, SGLANG_FACTS, env_for
 
 from dflashctl.smoke import oracle, synthetic
 
@@ -60,7 +60,7 @@ def launch(*argv, fake=FAKE, **env):
     (["--model-path", "m", "--speculative-ddtree-budget", "32"], "unrecognized arguments: --speculative-ddtree-budget"),
 ], ids=["misspelt flag", "invalid choice", "invalid value", "required", "no DDTREE in 0.5.11", "no DDTree budget"])
 def test_the_stand_in_refuses_what_sglang_0_5_11_refuses(tmp_path, argv, message):
-    from test_smoke import fake_without_ddtree
+    from smoke_runner import fake_without_ddtree
     p = launch(*argv, fake=fake_without_ddtree(tmp_path))
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stderr.splitlines()[0].startswith("usage: sglang serve")

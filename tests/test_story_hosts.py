@@ -13,8 +13,8 @@ import pytest
 
 import storyhosts
 from dflashctl import errors
-from test_doctor import diff, doctor
-from test_serve import NEVER, Notify, free_port
+from doctor_cli import diff, doctor
+from serve_fixture import NEVER, Notify, free_port
 
 pytestmark = pytest.mark.skipif(not storyhosts.shutil.which("gcc"), reason="needs gcc to build the hosts' libraries")
 CAUSES = ["torch", "sgl_kernel", "grammar:xgrammar", "soundfile"]

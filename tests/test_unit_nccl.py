@@ -15,7 +15,7 @@ run opens is what benchmarks/gpu/tp2.sh records (benchmarks/gpu/nccl_devices.py)
 import json
 
 import pytest
-from test_device_allow import LAYOUTS, UNIT, layout, resolve
+from device_layouts import LAYOUTS, UNIT, layout, resolve
 
 SERVICE = json.loads(UNIT.read_text())["service"]
 NCCL_DEVICE_GROUPS = ["nvidia", "nvidiactl", "nvidia-uvm", "nvidia-caps", "nvidia-nvswitch", "nvidia-nvlink",

@@ -28,7 +28,7 @@ from nixeval import eval_json
 from conftest import REPO, nix_or_skip
 from dflashctl.errors import DflashError
 from dflashctl.service import config, unit, unit_text, validate
-from test_unit_text import HOSTILE
+from hostile_values import HOSTILE
 
 pytestmark = pytest.mark.nix
 MAX_EXPOSURE = 1.6

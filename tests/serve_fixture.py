@@ -1,0 +1,96 @@
+"""The `serve` fixture: `dflashctl serve` as a real process, with a real NOTIFY_SOCKET (Notify) and
+the stand-in SGLang child (tests/data/service/standin_server.py). Registered in conftest.py, so
+every test module can ask for `serve`."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dflashctl.service import config
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
+LAUNCHER = f"{sys.executable} {STANDIN}"
+NEVER = 60  # a bound no test should reach: serve must not wait out a timeout for a dead child
+
+
+def free_port() -> int:
+    """A free port the settings accept (<= config.MAX_PORT: SGLang derives its gRPC port + 10000)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port <= config.MAX_PORT:
+            return port
+
+
+class Notify:
+    """A datagram socket playing systemd's notify socket."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.messages: list[str] = []
+
+    def recv_until(self, wanted: str, proc: subprocess.Popen, timeout: float = NEVER) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.sock.settimeout(0.2)
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except socket.timeout:
+                if proc.poll() is not None:
+                    self.drain()
+                    return any(wanted in m for m in self.messages)
+                continue
+            if wanted in self.messages[-1]:
+                return True
+        return False
+
+    def drain(self) -> None:
+        self.sock.settimeout(0)
+        try:
+            while True:
+                self.messages.append(self.sock.recv(4096).decode())
+        except (BlockingIOError, socket.timeout):
+            pass
+
+
+@pytest.fixture
+def serve(tmp_path):
+    procs = []
+
+    def start(mode: str, args=(), settings: dict | None = None, env=None, **standin):
+        port = free_port()
+        ok_file = tmp_path / "ok"
+        cfg = {"name": "t", "model": "stand-in", "port": port, "gpus": [0], "startTimeoutSec": 600,
+               "environment": {"STANDIN_MODE": mode, "STANDIN_OK_FILE": str(ok_file),
+                               "STANDIN_ARGV_FILE": str(tmp_path / "argv.json"),
+                               **{f"STANDIN_{k.upper()}": str(v) for k, v in standin.items()}},
+               **(settings or {})}
+        f = tmp_path / "settings.json"
+        f.write_text(json.dumps(cfg))
+        notify = Notify(tmp_path / "notify.sock")
+        child_env = dict(os.environ, NOTIFY_SOCKET=str(notify.path),
+                         PYTHONPATH=str(REPO / "python"), **(env or {}))
+        proc = subprocess.Popen([sys.executable, "-m", "dflashctl", "serve", "--config", str(f),
+                                 "--log-file", str(tmp_path / "sglang.log"), "--launcher", LAUNCHER,
+                                 *args], env=child_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        procs.append(proc)
+        proc.ok_file, proc.notify, proc.tmp = ok_file, notify, tmp_path
+        return proc
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
