@@ -1,6 +1,6 @@
 # checks.<system>: what `nix flake check` builds (it evaluates the packages but builds none of them).
 # Each check is small and none needs the CUDA stack: no check's closure holds dflash-env,
-# dflash-kernels or a wheel of nix/python-lock.json (tests/test_nix_checks.py proves it offline).
+# dflash-kernels or a wheel of nix/python-lock.json (tests/nix/test_nix_checks.py proves it offline).
 # What needs the stack is a test of the package that builds it anyway:
 # packages.<system>.dflash-env.tests.bytecode (the workflow's build-env job builds it).
 # The names are literal so the flake's output names can be listed without nixpkgs.

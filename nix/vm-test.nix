@@ -11,7 +11,7 @@
 # tier 2 only (docs/nix.md).
 #
 # Nothing here needs the CUDA stack: no host's closure holds dflash-env, dflash-kernels or a wheel
-# of nix/python-lock.json (tests/test_nix_checks.py reads each check's dependency derivations over a
+# of nix/python-lock.json (tests/nix/test_nix_checks.py reads each check's dependency derivations over a
 # stand-in nixpkgs). dflashctl is built from ./python as the flake builds it, but with nixpkgs'
 # `packaging` instead of the locked wheel; the instances' "stack" is a Python with dflashctl alone;
 # kernelsPackage is null. What a VM downloads besides NixOS itself: the router's environment

@@ -2,7 +2,7 @@
 
 nix/module.nix hands exactly these directives to `systemd.services` (at mkDefault priority); this
 helper gives them for a configuration written as a host would write `services.dflash.instances`,
-with every option that is not set taken from dflashctl's settings schema (tests/test_unit_nix.py
+with every option that is not set taken from dflashctl's settings schema (tests/nix/test_unit_nix.py
 checks that the module declares the same defaults). For the systemd tier too:
 
     from nix_unit import evaluate, unit_text

@@ -1,4 +1,4 @@
-"""A Debian container booted with its own systemd, for the `systemd` tier (tests/test_systemd.py).
+"""A Debian container booted with its own systemd, for the `systemd` tier (tests/service/test_systemd.py).
 
 The root is built once with debootstrap and cached outside the repository
 ($DFLASH_TEST_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/dflash-tests/systemd/<suite>-<key>/root);

@@ -1,6 +1,6 @@
 # services.dflash.prometheus, builtins only: what a host's Prometheus scrapes and the rules it loads,
 # from python/dflashctl/service/data/monitoring/ (the files `dflashctl monitoring` renders from;
-# tests/test_monitoring.py holds this and service/monitoring.py to one result). `instances`: the
+# tests/service/test_monitoring.py holds this and service/monitoring.py to one result). `instances`: the
 # enabled instances (name -> options); `router`: the router settings or null.
 let
   dataDir = ../../python/dflashctl/service/data/monitoring;

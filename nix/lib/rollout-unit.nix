@@ -3,7 +3,7 @@
 # (`dflashctl rollout` over the module's settings of every instance), the ordering after the
 # router and the instances, the instances' definitions as restart triggers (a switch that changes
 # any instance restarts a rollout in progress, which finishes the batch it is in first) and the
-# stop timeout that lets it. Tier 1 (tests/test_rollout_unit.py) evaluates it with plain Nix.
+# stop timeout that lets it. Tier 1 (tests/service/test_rollout_unit.py) evaluates it with plain Nix.
 let
   unitText = import ./unit-text.nix;
   serviceData = builtins.fromJSON (

@@ -2,7 +2,7 @@
 # dflash-router.service from the data file `dflashctl router-unit` renders from
 # (python/dflashctl/service/data/router-unit.json), the router settings file for a host's
 # instances and the refusals that need no package, for nix/module.nix's services.dflash.router.
-# Tier 1 (tests/test_router.py) evaluates it with plain `nix eval` and compares the settings with
+# Tier 1 (tests/service/test_router.py) evaluates it with plain `nix eval` and compares the settings with
 # `dflashctl router-unit`'s and the directives, directive by directive, with its unit.
 #
 # A settings file's content holds every key, as `dflashctl router-unit` writes it: workers,

@@ -1,7 +1,7 @@
 # One dflash instance as systemd sees it, builtins only: the settings file's content, the unit's
 # directives (from the data file `dflashctl unit` renders from), the refusals and warnings that need
 # no package, and the tmpfiles line of a static user's cache. nix/module.nix only wires these into
-# NixOS; tier 1 (tests/test_unit_nix.py) evaluates them with plain `nix eval` and compares each unit,
+# NixOS; tier 1 (tests/nix/test_unit_nix.py) evaluates them with plain `nix eval` and compares each unit,
 # directive by directive, with `dflashctl unit`'s.
 #
 # An instance is the attribute set of its option values (every option set, as the module passes

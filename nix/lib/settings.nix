@@ -2,7 +2,7 @@
 # which dflashctl's parser, its argv mapping and docs/service.md's table read too): the settings
 # file's keys and content (builtins only, for nix/lib/service-unit.nix) and the options of
 # services.dflash.instances.<name> (`options`, given a nixpkgs-like `lib`). Tier 1 evaluates both:
-# tests/nix/harness/module-options.nix with a recording `lib`, tests/test_settings_schema.py over a
+# tests/nix/harness/module-options.nix with a recording `lib`, tests/service/test_settings_schema.py over a
 # copy of the schema with a throw-away setting.
 let
   inherit (builtins)

@@ -1,5 +1,5 @@
 # Values that reach a systemd unit, refused or escaped by systemd's rules: the Nix twin of
-# python/dflashctl/service/unit_text.py, which explains each rule (tests/test_unit_text.py checks
+# python/dflashctl/service/unit_text.py, which explains each rule (tests/service/test_unit_text.py checks
 # that both give the same text and the same messages). The refusals' data and texts are
 # service-unit.json's "controlCharacters", "paths" and "cacheDir", read by both. Builtins only.
 let

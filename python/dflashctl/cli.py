@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module exposing `register(subparsers)`, which adds its parser and
 sets `func(args) -> int`. This file knows nothing else about them. The contract every command
-keeps (docs/cli.md; tests/test_cli_contract.py runs each on a corpus of bad input): an exit code
+keeps (docs/cli.md; tests/cli/test_cli_contract.py runs each on a corpus of bad input): an exit code
 from its row in exit_codes.py, no traceback, the last lines of stderr saying what failed and the
 fix, no file written unless all of it is (output.py), and with `--json` one JSON object on stdout,
 an error object when it fails.

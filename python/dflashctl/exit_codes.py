@@ -1,5 +1,5 @@
 """Which exit codes each command can end with: the one table that each command's `--help` prints
-and docs/cli.md shows (tests/test_cli_contract.py holds the three and errors.py equal, and runs
+and docs/cli.md shows (tests/cli/test_cli_contract.py holds the three and errors.py equal, and runs
 every command on bad input to see it end with a code of its row).
 
 A new command adds its row to BY_COMMAND: the codes beyond COMMON it can end with, each with the
@@ -100,7 +100,7 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
 
 def codes(command: str) -> tuple[int, ...]:
     """The codes `command` can end with (a command without its row yet: COMMON only, and
-    tests/test_cli_contract.py fails until the row is there)."""
+    tests/cli/test_cli_contract.py fails until the row is there)."""
     return tuple(sorted(set(COMMON) | set(BY_COMMAND.get(command, {}))))
 
 

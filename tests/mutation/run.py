@@ -40,22 +40,22 @@ MUTMUT = "mutmut==3.8.1"
 TOOLS = [MUTMUT, "pytest==9.2.0", "packaging==26.4"]  # what the mutation venv needs
 # module -> the tests (pytest node ids or files, with -k where a file mixes slow tests in) that cover it
 MODULES = {
-    "smoke/lossless.py": ["tests/test_smoke_lossless.py", "-k", "compare or shorter or lacking or means or describe "
+    "smoke/lossless.py": ["tests/smoke/test_smoke_lossless.py", "-k", "compare or shorter or lacking or means or describe "
                           "or judge or require_lossless_fails"],
-    "smoke/acceptance.py": ["tests/test_smoke_oracle.py", "-k", "rules_bands or band_follows or value_just_outside "
+    "smoke/acceptance.py": ["tests/smoke/test_smoke_oracle.py", "-k", "rules_bands or band_follows or value_just_outside "
                             "or no_expectations or histogram or expectations_cover or broken_run_names"],
-    "smoke/loadgen.py": ["tests/test_loadgen.py"],
-    "host/probes.py": ["tests/test_probes.py", "-k", "not doctor"],  # not `dflashctl doctor` in a child
-    "service/config.py": ["tests/test_config.py", "tests/test_validate.py", "tests/test_sglang_args.py", "-k",
+    "smoke/loadgen.py": ["tests/smoke/test_loadgen.py"],
+    "host/probes.py": ["tests/host/test_probes.py", "-k", "not doctor"],  # not `dflashctl doctor` in a child
+    "service/config.py": ["tests/service/test_config.py", "tests/service/test_validate.py", "tests/service/test_sglang_args.py", "-k",
                           "not real_process"],
-    "service/router.py": ["tests/test_router.py", "-k", "(defaults or docs_table or reach_the_routers or bad_router "
+    "service/router.py": ["tests/service/test_router.py", "-k", "(defaults or docs_table or reach_the_routers or bad_router "
                           "or instance_keys or rendered_unit or remote_workers or argv_masks or settings_are_refused "
                           "or worker_urls or settings_file or keys_come or sync_adds or reload_through or cannot_run "
                           "or both_keys or keys_masked or lists_each_change or name_their_file or exclude_each_other "
                           "or commands_options or names_its_setting or word_for_word) "
                           "and not module_router"],  # not the Nix twin's: its data file is outside src/
-    "lock/contract.py": ["tests/test_lock.py", "-k", "not cli_"],
-    "lock/lockdiff.py": ["tests/test_lock.py", "-k", "not cli_"],
+    "lock/contract.py": ["tests/lock/test_lock.py", "-k", "not cli_"],
+    "lock/lockdiff.py": ["tests/lock/test_lock.py", "-k", "not cli_"],
 }
 STATUS = re.compile(r"^\s*(\S+__mutmut_\d+): (.+)$")
 

@@ -1,5 +1,5 @@
 # nix/lib/license.nix: SPDX expressions from the lock -> licence ids, unfree or not (the same
-# cases as tests/test_lock.py's test_unfree_rule_matches_nix), and the refusal message.
+# cases as tests/lock/test_lock.py's test_unfree_rule_matches_nix), and the refusal message.
 let
   inherit (import ../../nix/lib) license;
   expressions = [

@@ -29,13 +29,13 @@ PREBUILT_ENV = hook.PREBUILT_ENV
 INDEX = "index.json"
 INDEX_FORMAT = 1
 DEFAULT_ARCHS = ["sm90", "sm100", "sm120"]  # H100/H200, B200, RTX PRO 6000 Blackwell
-# The smoke's synthetic target (smoke/synthetic.py; tests/test_kernels.py keeps the two equal).
+# The smoke's synthetic target (smoke/synthetic.py; tests/host/test_kernels.py keeps the two equal).
 SMOKE_TARGET = {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64,
                 "hidden_size": 1024, "torch_dtype": "bfloat16"}
 # The smoke's default pair (smoke/oracle.py): 16 KV heads, so its KV-cache store differs.
 ORACLE_TARGET = {**SMOKE_TARGET, "num_key_value_heads": 16}
 # Every target the default smoke starts: the oracle pair's, and the random-weight one its grammar
-# server runs (tests/test_kernels.py holds both to the smoke's own configs).
+# server runs (tests/host/test_kernels.py holds both to the smoke's own configs).
 SMOKE_TARGETS = {"smoke's oracle target": ORACLE_TARGET, "smoke's synthetic target": SMOKE_TARGET}
 
 

@@ -6,7 +6,7 @@ dataclasses made from the schema the same names in snake_case, and each value is
 entry's type. Loading checks types and ranges of one instance and lists every problem at once;
 rules that span instances live in `validate.py`. Unknown keys are errors: a typo must not be
 silently ignored. Every function that reads the schema takes another one (`schema=`), which is how
-tests/test_settings_schema.py follows a throw-away setting through.
+tests/service/test_settings_schema.py follows a throw-away setting through.
 """
 
 import difflib

@@ -3,7 +3,7 @@
 config.py checks a settings file by it, sglang_args.py maps it to SGLang's argv, nix/lib/settings.nix
 declares the NixOS options from the same file, and the settings table of docs/service.md is
 generated from it (`python -m dflashctl.service.settings_schema docs/service.md` rewrites the table;
-tests/test_settings_schema.py fails while it is stale). This module only reads the data: the type
+tests/service/test_settings_schema.py fails while it is stale). This module only reads the data: the type
 checks are config.py's, the flag mapping sglang_args.py's.
 """
 

@@ -1,7 +1,7 @@
 """Values that reach a systemd unit: refused, or escaped by systemd's own rules.
 
 One place for what systemd does to a value, used by `dflashctl unit` and mirrored by
-nix/lib/unit-text.nix for the NixOS module (tests/test_unit_text.py checks both agree). The
+nix/lib/unit-text.nix for the NixOS module (tests/service/test_unit_text.py checks both agree). The
 refusals' rules and texts (which code points, which path components, where a cache may live) are
 data in service-unit.json, read by both; the escaping below is systemd's own syntax:
 

@@ -5,7 +5,7 @@ constrained decoding off), and the synthetic target has none to download. So smo
 `tokenizers` (locked: transformers needs it) on a corpus built into this file: 3,000 tokens,
 byte-level like Qwen's (every string is encodable), `<|endoftext|>` at id 0 = the synthetic
 config's bos/eos/pad, plus a chat template for `/v1/chat/completions`. The same corpus and settings
-give byte-identical files on every run (tests/test_tokenizer.py compares their hashes).
+give byte-identical files on every run (tests/smoke/test_tokenizer.py compares their hashes).
 """
 
 import hashlib

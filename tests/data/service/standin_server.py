@@ -15,7 +15,7 @@ it says on its first line that it checks no flags. It uses --port, --host, --mod
                    then "Capturing CUDA graphs", then nothing more
 STANDIN_LISTEN_AFTER seconds pass before it listens at all (SGLang's imports and model load).
 It writes its argv as JSON to STANDIN_ARGV_FILE, appends a line to STANDIN_OK_FILE before each 200,
-and exits 0 on SIGTERM. For the systemd tier (tests/test_systemd.py), also:
+and exits 0 on SIGTERM. For the systemd tier (tests/service/test_systemd.py), also:
   STANDIN_CHILDREN=N  start N helper processes in its process group that ignore SIGTERM (SGLang's
                       scheduler and detokenizer stay in the group; a stuck one must still go)
   STANDIN_MARK=1      append "pid uid" to standin-starts in $HOME and in $HF_HOME, and in each

@@ -1,4 +1,4 @@
-# nix/lib/unit-text.nix over the hostile values in a JSON file (tests/test_unit_text.py compares the
+# nix/lib/unit-text.nix over the hostile values in a JSON file (tests/service/test_unit_text.py compares the
 # result with Python's unit_text and with the golden file).
 #   nix-instantiate --eval --strict --json tests/data/service/unit-text.nix --argstr valuesFile v.json
 { valuesFile }:

@@ -5,7 +5,7 @@
 # real (every locked wheel a buildPythonPackage over a fetchPypi derivation named after its file;
 # dflash-env, dflashctl, dflash-kernels, the router's environment from nix/packages/), over a base
 # like nix/audit.nix's; testers.runNixOSTest evaluates each node with tests/nix/harness/nixos-lite.nix.
-# tests/test_nix_checks.py reads the checks' closures through it (tests/nix/harness/checks-closure.nix).
+# tests/nix/test_nix_checks.py reads the checks' closures through it (tests/nix/harness/checks-closure.nix).
 {
   system,
   config ? { },

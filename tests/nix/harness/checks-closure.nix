@@ -1,6 +1,6 @@
 # The flake's checks over the derivation stand-in of nixpkgs (tests/nix/closure-nixpkgs), per
 # system: the .drv path of every check, and of the packages that do need the stack (the controls a
-# test holds the checks against). tests/test_nix_checks.py lists each one's dependency derivations
+# test holds the checks against). tests/nix/test_nix_checks.py lists each one's dependency derivations
 # with `nix-store --query --requisites`.
 #   nix eval --json --impure --expr 'import tests/nix/harness/checks-closure.nix'
 let

@@ -1,5 +1,5 @@
 # nix/module.nix through the module system of a nixpkgs lib found outside the repository (never
-# committed; tests/test_module_eval.py skips without one), next to option declarations of our own
+# committed; tests/nix/test_module_eval.py skips without one), next to option declarations of our own
 # for the few NixOS options the module sets. They are minimal, written from the NixOS manual
 # (e.g. `isNormalUser` puts a user in the group "users"): enough to see the module's option types
 # refuse values, a host's definitions win over the module's mkDefault ones, and its wiring reach

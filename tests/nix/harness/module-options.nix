@@ -1,6 +1,6 @@
 # The option declarations of nix/module.nix, read without nixpkgs: the module is called with a
 # `lib` of our own (recording-lib.nix) whose mkOption and types only record what they are given.
-# tests/test_unit_nix.py compares the defaults and choices with dflashctl's settings schema.
+# tests/nix/test_unit_nix.py compares the defaults and choices with dflashctl's settings schema.
 let
   lib = import ./recording-lib.nix;
   module = import ../../../nix/module.nix {

@@ -10,7 +10,7 @@
 # splits one; lists concatenate, attribute sets merge, a submodule (and each attribute of an
 # attrsOf submodule) is evaluated from its own definitions with its options' defaults; no
 # definition: the option's default. Types are not checked (NixOS's job, tier 2 and
-# tests/test_module_eval.py). `lib` has what nix/module.nix calls; a function it starts to call
+# tests/nix/test_module_eval.py). `lib` has what nix/module.nix calls; a function it starts to call
 # fails here as a missing attribute, and belongs below.
 #
 # `strings`: every string the host's configuration ends in, with its context (so, its store

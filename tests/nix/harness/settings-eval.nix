@@ -1,5 +1,5 @@
 # The options nix/lib/settings.nix declares from a settings schema the test gives, through the module
-# system of a nixpkgs lib found outside the repository (tests/test_settings_schema.py skips without
+# system of a nixpkgs lib found outside the repository (tests/service/test_settings_schema.py skips without
 # one): the values one instance's definitions come out as, defaults filled in, or the type's refusal.
 {
   lib,

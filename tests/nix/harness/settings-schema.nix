@@ -1,4 +1,4 @@
-# nix/lib/settings.nix over a settings schema the test gives (tests/test_settings_schema.py adds a
+# nix/lib/settings.nix over a settings schema the test gives (tests/service/test_settings_schema.py adds a
 # throw-away setting to a copy of settings.json): the options it declares, read with the recording
 # lib, the settings file's keys, and the settings file of one instance's option values.
 #   nix-instantiate --eval --strict --json tests/nix/harness/settings-schema.nix \

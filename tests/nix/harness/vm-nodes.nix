@@ -2,7 +2,7 @@
 # host, the derivations its configuration depends on, as tests/nix/harness/nixos-lite.nix finds them
 # (what the stand-in's runNixOSTest puts in the check's closure) and, given a nixpkgs lib from
 # outside the repository, as the real module system finds them (beside the minimal NixOS option
-# declarations of tests/nix/harness/nixos-declarations.nix). tests/test_nix_checks.py holds the two
+# declarations of tests/nix/harness/nixos-declarations.nix). tests/nix/test_nix_checks.py holds the two
 # equal, which is what lets the offline closure stand for the real one.
 #   nix eval --json --impure --expr 'import tests/nix/harness/vm-nodes.nix { lib = import <nixpkgs lib>; }'
 {

@@ -1,4 +1,4 @@
-# nix/vm-test.nix with a stub nixpkgs and flake, evaluated offline (tests/test_unit_nix.py): the
+# nix/vm-test.nix with a stub nixpkgs and flake, evaluated offline (tests/nix/test_unit_nix.py): the
 # hosts the VM test boots and the script it runs, without booting anything.
 #   nix-instantiate --eval --strict --json --read-write-mode tests/nix/harness/vm-test.nix
 let

@@ -1,3 +1,3 @@
-"""A stub sglang package for tests/test_sglang_tree.py: what matters is how it is built."""
+"""A stub sglang package for tests/nix/test_sglang_tree.py: what matters is how it is built."""
 
 from sglang.version import __version__

@@ -1,0 +1,174 @@
+"""services.dflash.upgrade = "rolling": dflash-rollout.service from nix/lib/rollout-unit.nix, without nixpkgs.
+
+The pure function is evaluated with plain Nix over the module's own instance directives
+(nix/lib/service-unit.nix, through tests/nix_unit.py): its command line must be one dflashctl's
+own parser accepts with the settings asked for, its triggers must change exactly when an
+instance's unit does, and systemd must accept the unit. The option declarations are read offline
+(tests/nix/harness/module-options.nix) and must default to what `dflashctl rollout` itself does.
+"""
+
+import json
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import nix_unit
+from conftest import nix_or_skip
+from dflashctl import cli
+from nixeval import eval_json, nix_env
+
+REPO = Path(__file__).resolve().parent.parent.parent
+ROLLOUT = REPO / "nix" / "lib" / "rollout-unit.nix"
+SERVICE = REPO / "nix" / "lib" / "service-unit.nix"
+QWEN = {"model": "Qwen/Qwen3-8B", "draftModel": "z-lab/Qwen3-8B-DFlash-b16",
+        "speculative": {"algorithm": "DFLASH"}}
+
+
+def rollout_unit(instances: dict, rollout: dict, router: bool = True, dflashctl: str = "/opt/dflash/bin/dflashctl") -> dict:
+    """The rollout unit's directives for `instances` as a host writes them (unset options defaulted)."""
+    nix_or_skip()
+    full = {n: nix_unit.full_options(n, o) for n, o in instances.items()}
+    expr = f"""
+      let
+        r = import {ROLLOUT};
+        s = import {SERVICE};
+        instances = builtins.fromJSON {json.dumps(json.dumps(full))};
+      in r.directives {{
+        dflashctl = "{dflashctl}";
+        instancesFile = "/nix/store/00000000000000000000000000000000-dflash-instances.json";
+        routerSettingsFile = {'"/etc/dflash-router.json"' if router else "null"};
+        inherit instances;
+        instanceDirectives = builtins.mapAttrs (name: i: s.directives {{
+          inherit name; instance = i; dflashctl = "{dflashctl}"; python = "/opt/env/bin/python";
+          # as pkgs.writeText's store path: it changes with the settings it holds
+          settingsFile = "/nix/store/${{builtins.substring 0 32 (builtins.hashString "sha256"
+            (builtins.toJSON (s.settings name i)))}}-dflash-${{name}}.json";
+        }}) instances;
+        rollout = builtins.fromJSON {json.dumps(json.dumps(rollout))};
+      }}"""
+    r = subprocess.run(["nix", "eval", "--json", "--impure", "--expr", expr], capture_output=True, text=True,
+                       env=nix_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+DEFAULTS = {"batch": 1, "healthyForSec": 10, "requireIdentical": False}
+
+
+def parsed(exec_start: str):
+    argv = shlex.split(exec_start)
+    return cli.build_parser(argv[1:]).parse_args(argv[1:])
+
+
+def test_the_command_line_is_one_dflashctl_accepts_with_the_settings_asked_for():
+    d = rollout_unit({"a": QWEN, "b": {**QWEN, "port": 30001, "startTimeoutSec": 1800}},
+                     {"batch": 2, "healthyForSec": 30, "requireIdentical": True})
+    args = parsed(d["Service"]["ExecStart"])
+    assert args.command == "rollout" and args.func.__module__ == "dflashctl.service.rollout"
+    assert args.instance == ["/nix/store/00000000000000000000000000000000-dflash-instances.json"]
+    assert args.router == "/etc/dflash-router.json" and not args.no_router
+    assert (args.batch, args.healthy_for, args.require_identical, args.resume) == (2, 30.0, True, True)
+    assert d["Unit"]["After"] == ["dflash-router.service", "dflash-a.service", "dflash-b.service"]
+    # SIGTERM finishes the batch in progress: the slowest start (1800 s + the unit's margin) and more
+    assert int(d["Service"]["TimeoutStopSec"].rstrip("s")) > 1800 + 30
+    assert d["Service"]["Type"] == "notify" and d["Service"]["Restart"] == "no"
+
+    plain = parsed(rollout_unit({"a": QWEN}, DEFAULTS, router=False)["Service"]["ExecStart"])
+    assert plain.no_router and plain.router is None and not plain.require_identical
+
+
+def test_a_change_of_one_instance_changes_its_trigger_and_nothing_else():
+    base = {"a": QWEN, "b": {**QWEN, "port": 30001}}
+    before = rollout_unit(base, DEFAULTS)["restartTriggers"]
+    same = rollout_unit(base, DEFAULTS)["restartTriggers"]
+    changed = rollout_unit({**base, "b": {**base["b"], "memFractionStatic": 0.8}}, DEFAULTS)["restartTriggers"]
+    assert before == same and len(before) == 2
+    assert changed[0] == before[0] and changed[1] != before[1]
+    assert all("DFLASH_UNIT_DIGEST=" in t for t in before)  # what the rollout compares, in the trigger
+
+
+def test_systemd_accepts_the_rollout_unit(tmp_path):
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed (tests/run installs systemd-container, which brings it)")
+    exe = tmp_path / "dflashctl"
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    d = rollout_unit({"a": QWEN}, DEFAULTS, dflashctl=str(exe))
+    lines = []
+    for section in ("Unit", "Service", "Install"):
+        lines.append(f"[{section}]")
+        for key, value in d[section].items():
+            for v in value if isinstance(value, list) else [value]:
+                lines.append(f"{key}={'true' if v is True else 'false' if v is False else v}")
+    unit = tmp_path / "dflash-rollout.service"
+    unit.write_text("\n".join(lines) + "\n")
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    problems = [l for l in (r.stdout + r.stderr).splitlines()
+                if "dflash-rollout.service" in l and "dflash-a.service" not in l and "dflash-router" not in l]
+    assert not problems, r.stdout + r.stderr
+
+
+def test_the_module_declares_upgrade_and_rollout_with_dflashctls_defaults():
+    declared = eval_json(nix_or_skip(), REPO / "tests" / "nix" / "harness" / "module-options.nix")
+    assert declared["upgrade"]["values"] == ["rolling", "restart"]
+    assert declared["upgrade"]["defaultText"] == \
+        'if config.services.dflash.router.enable then "rolling" else "restart"'
+    defaults = cli.build_parser(["rollout"]).parse_args(["rollout"])  # what `dflashctl rollout` does alone
+    options = declared["rollout"]
+    assert options["batch"]["default"] == defaults.batch
+    assert options["healthyForSec"]["default"] == defaults.healthy_for
+    assert options["requireIdentical"]["default"] is defaults.require_identical is False
+
+
+# --- nixos-rebuild switch over a whole host: which units it restarts, from the module's pure functions --
+
+TWO = {"a": {**QWEN, "gpus": [0]}, "b": {**QWEN, "gpus": [1], "port": 30001}}
+EVERYTHING = {"dflash-a.service", "dflash-b.service", "dflash-router.service", "dflash-rollout.service"}
+
+
+def switch(old: dict, new: dict, active: set[str] = EVERYTHING - {"dflash-rollout.service"}) -> dict:
+    """What switch-to-configuration does (tests/nixos_switch.py) between two hosts' units; the rollout
+    unit is inactive between rollouts (it exits when done)."""
+    import nixos_switch
+    return nixos_switch.switch(old, new, active)
+
+
+@pytest.mark.parametrize("upgrade", ["rolling", "restart"])
+def test_a_new_stack_restarts_every_instance_at_once_unless_rolling(upgrade):
+    import nixos_host
+    old = nixos_host.host_units(TWO, {}, upgrade)
+    new = nixos_host.host_units(TWO, {}, upgrade, python="/nix/store/e2-dflash-env/bin/python")
+    done = switch(old, new)
+    if upgrade == "restart":  # today's default: both at once (stopIfChanged: stopped, then started)
+        assert done == {"dflash-a.service": "restart", "dflash-b.service": "restart",
+                        "dflash-router.service": "nothing"}
+    else:  # the instances keep running; the rollout unit, started, restarts them one at a time
+        assert done == {"dflash-a.service": "nothing", "dflash-b.service": "nothing",
+                        "dflash-router.service": "nothing", "dflash-rollout.service": "start"}
+        # and one still running from an earlier switch is restarted onto the new definitions
+        assert switch(old, new, EVERYTHING)["dflash-rollout.service"] == "restart"
+
+
+def test_rolling_one_instances_setting_changes_only_what_it_must():
+    import nixos_host
+    old = nixos_host.host_units(TWO, {}, "rolling")
+    changed = {**TWO, "b": {**TWO["b"], "memFractionStatic": 0.8}}
+    new = nixos_host.host_units(changed, {}, "rolling")
+    assert old["dflash-a.service"] == new["dflash-a.service"]  # a's unit is the same file
+    assert old["dflash-b.service"] != new["dflash-b.service"]  # b's changed, and is left running
+    assert switch(old, new, EVERYTHING) == {"dflash-a.service": "nothing", "dflash-b.service": "nothing",
+                                            "dflash-router.service": "nothing",
+                                            "dflash-rollout.service": "restart"}
+    assert switch(old, old, EVERYTHING)["dflash-rollout.service"] == "nothing"  # the control
+
+
+def test_rolling_an_instance_added_is_started_and_the_router_reloaded():
+    import nixos_host
+    old = nixos_host.host_units({"a": TWO["a"]}, {}, "rolling")
+    new = nixos_host.host_units(TWO, {}, "rolling")
+    done = switch(old, new, {"dflash-a.service", "dflash-router.service"})
+    assert done == {"dflash-a.service": "nothing", "dflash-b.service": "start",
+                    "dflash-router.service": "reload", "dflash-rollout.service": "start"}

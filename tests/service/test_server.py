@@ -1,0 +1,189 @@
+"""server.Server against a real child process (tests/data/service/standin_server.py)."""
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dflashctl import errors
+from dflashctl.errors import DflashError
+from dflashctl.service.server import Server
+
+STANDIN = Path(__file__).parent.parent / "data" / "service" / "standin_server.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make(tmp_path, mode, **env):
+    port = free_port()
+    child_env = dict(os.environ, STANDIN_MODE=mode, **env)
+    srv = Server([sys.executable, str(STANDIN), "--model-path", "m", "--port", str(port)], child_env,
+                 tmp_path / "sglang.log", f"http://127.0.0.1:{port}")
+    srv.start()
+    return srv
+
+
+def test_ready_only_after_health_answers_200(tmp_path):
+    srv = make(tmp_path, "healthy", STANDIN_READY_AFTER="1.0")
+    progress = []
+    try:
+        took = srv.wait_ready(30, on_progress=lambda t, line: progress.append((t, line)))
+        assert took >= 1.0  # the stand-in answers 503 for its first second
+        assert srv.poll() is None
+        assert "GET /health_generate" in srv.log_tail()
+    finally:
+        assert srv.stop(grace=5) == 0  # SIGTERM reached the child, which exits 0 on it
+    assert progress and progress[0][1].startswith("standin:")
+
+
+def test_crash_before_ready_raises_with_log_tail(tmp_path):
+    srv = make(tmp_path, "crash", STANDIN_READY_AFTER="0.3")
+    with pytest.raises(DflashError) as e:
+        srv.wait_ready(60)
+    assert e.value.exit_code == errors.SERVER_DIED_BEFORE_READY
+    assert "exited with status 3" in str(e.value)
+    assert "StructuralTag" in str(e.value)  # the reason is in the message, not only in the log
+    assert srv.returncode == 3
+
+
+def test_hang_times_out_while_child_still_runs(tmp_path):
+    srv = make(tmp_path, "hang")
+    try:
+        with pytest.raises(DflashError) as e:
+            srv.wait_ready(2)
+        assert e.value.exit_code == errors.SERVER_START_TIMEOUT
+        assert srv.poll() is None
+    finally:
+        srv.stop(grace=5)
+    assert srv.poll() is not None
+
+
+def test_stop_kills_a_child_that_ignores_sigterm(tmp_path):
+    script = tmp_path / "stubborn.py"
+    script.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                      "print('ignoring', flush=True)\ntime.sleep(600)\n")
+    srv = Server([sys.executable, str(script)], dict(os.environ), tmp_path / "log", "http://127.0.0.1:9")
+    srv.start()
+    while "ignoring" not in srv.log_tail():
+        time.sleep(0.05)
+    assert srv.stop(grace=0.5) == -9
+
+
+def test_stop_reaches_grandchildren_in_the_group(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(600)\n")
+    srv = Server([sys.executable, str(script)], dict(os.environ), tmp_path / "log", "http://127.0.0.1:9")
+    srv.start()
+    while not pidfile.exists() or not pidfile.read_text():
+        time.sleep(0.05)
+    grandchild = int(pidfile.read_text())
+    srv.stop(grace=5)
+    for _ in range(100):  # the grandchild is not ours to reap: wait until it is gone or a zombie
+        try:
+            state = Path(f"/proc/{grandchild}/stat").read_text().split(")")[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the grandchild outlived stop()")
+
+
+def test_missing_interpreter_is_a_clear_error(tmp_path):
+    srv = Server([str(tmp_path / "nope")], {}, tmp_path / "log", "http://127.0.0.1:9")
+    with pytest.raises(DflashError) as e:
+        srv.start()
+    assert e.value.exit_code == errors.SERVER_DIED_BEFORE_READY
+    assert "cannot start" in str(e.value)
+
+
+def test_a_start_that_stops_making_progress_is_named_before_the_start_timeout(tmp_path):
+    """The stand-in logs loading lines for 2 s (longer than the stall timeout: each line is progress),
+    then goes silent while still answering health polls with 503 (not progress)."""
+    srv = make(tmp_path, "stall", STANDIN_STALL_AFTER="2.0", STANDIN_PROGRESS_EVERY="0.2")
+    try:
+        with pytest.raises(DflashError) as e:
+            srv.wait_ready(600, stall_timeout=1.0)
+        assert e.value.exit_code == errors.SERVER_STALLED
+        assert srv.poll() is None  # still running: the caller stops it
+        text = str(e.value)
+        assert "no start-up progress for 1 s (no new log output" in text
+        # Stalled only after the last loading line: the lines before it kept it alive.
+        assert "the last thing it logged: standin: Capturing CUDA graphs (bs=256)" in text
+        assert "GET /health_generate" in srv.log_tail()  # polls were answered, yet not progress
+    finally:
+        srv.stop(grace=5)
+
+
+class Samples:
+    """GPU memory as a sampler would see it: grows while `growing`, then stays put."""
+
+    def __init__(self, growing: int):
+        self.growing, self.calls = growing, 0
+
+    def __call__(self):
+        self.calls += 1
+        used = 1000 + 100 * min(self.calls, self.growing)
+        return {"ok": True, "facts": {"gpus": [{"index": 0, "memory_mib": {"used": used}}]}}
+
+
+def test_growing_gpu_memory_is_progress_and_a_stop_is_a_stall(tmp_path):
+    """A silent child (no log after start) whose GPU memory grows for a while: not stalled until it
+    stops growing. Ordering, not time: the stall comes after the last growth was sampled."""
+    from dflashctl.service.stall import GpuMemory
+    srv = make(tmp_path, "silent")
+    samples = Samples(growing=30)  # 3 s of growth at 0.1 s a sample, three stall timeouts
+    gpu = GpuMemory(samples, [0], interval=0.1).start()
+    try:
+        with pytest.raises(DflashError) as e:
+            srv.wait_ready(600, stall_timeout=1.0, gpu=gpu)
+        assert e.value.exit_code == errors.SERVER_STALLED
+        assert samples.calls > 30  # it outlived every growing sample
+        assert "no new log output and no change in GPU memory" in str(e.value)
+    finally:
+        gpu.stop()
+        srv.stop(grace=5)
+
+
+def test_stall_check_off_with_zero(tmp_path):
+    srv = make(tmp_path, "stall", STANDIN_STALL_AFTER="0.1")
+    try:
+        with pytest.raises(DflashError) as e:
+            srv.wait_ready(2, stall_timeout=0)
+        assert e.value.exit_code == errors.SERVER_START_TIMEOUT
+    finally:
+        srv.stop(grace=5)
+
+
+def test_a_progress_bar_redrawn_with_carriage_returns_is_progress(tmp_path):
+    """tqdm redraws one line with \\r while SGLang loads weights: each redraw is progress."""
+    from dflashctl.service.stall import StallWatch
+    log = tmp_path / "log"
+    log.write_bytes(b"")
+    now = [0.0]
+    watch = StallWatch(10, log, 0, clock=lambda: now[0])
+    for pct in (10, 40, 70):
+        with open(log, "ab") as f:
+            f.write(f"\rLoading safetensors checkpoint shards: {pct}%".encode())
+        now[0] += 6
+        assert not watch.stalled()
+    with open(log, "ab") as f:
+        f.write(b'\nINFO:     127.0.0.1:5 - "GET /health_generate HTTP/1.1" 503\n')
+    now[0] += 6
+    assert not watch.stalled()  # 6 s since the last redraw; the poll line did not reset it
+    now[0] += 5
+    assert watch.stalled()
+    assert watch.last_line == "Loading safetensors checkpoint shards: 70%"
