@@ -431,16 +431,20 @@ def test_a_smoke_without_ignore_eos_gets_answers_cut_at_the_eos(tmp_path):
     assert any("tokens, not the 256 asked (finish reason stop)" in f for f in result["failures"]), result["failures"]
 
 
-def test_a_smoke_that_does_not_stream_reads_one_answer_per_request(tmp_path):
+def test_a_smoke_that_does_not_stream_fails(tmp_path):
     """Without "stream": true SGLang answers with one JSON object, no event stream (the sweep's
-    form): each request is one chunk, with no time to first token and no verify steps to count."""
+    form): each request is one chunk, with no time to first token and no verify steps to count, so
+    the smoke's streamed phases refuse it."""
     p = smoke_sending(tmp_path, 'body["stream"] = False')
     result = json.loads((tmp_path / "result.json").read_text())
+    assert p.returncode == errors.FAILED, p.stdout + p.stderr
     for run in result["runs"]:
         phase = run["phases"]["concurrent"]
         assert phase["ttft_ms_mean"] is None and "acceptance_histogram" not in phase, p.stderr
         assert [(q["chunks"], q["ttft_s"], q["output_tokens"]) for q in run["requests"]["concurrent"]] == [
             (1, None, 16)] * 4
+    assert any("concurrent request 0: answered in one piece, not as a stream" in f
+               for f in result["failures"]), result["failures"]
 
 
 def test_a_smoke_asking_fewer_tokens_is_answered_with_fewer(tmp_path):

@@ -57,6 +57,10 @@ def _phase_stats(p: PhaseResult) -> dict:
     }
 
 
+# The phases whose requests ask for a stream (measure.py); the sweep's points do not (sweep.py).
+STREAMED_PHASES = ("sequential", "concurrent")
+
+
 def failures(run: RunResult, max_new_tokens: int | None = None) -> list[str]:
     """Why this run must fail the smoke test; empty when it passed. Every request is sent
     ignore_eos with `max_new_tokens`: one answered with another length was cut short (or run on)
@@ -72,6 +76,9 @@ def failures(run: RunResult, max_new_tokens: int | None = None) -> list[str]:
             elif max_new_tokens and r.output_tokens != max_new_tokens:
                 out.append(f"{where}: {r.output_tokens} tokens, not the {max_new_tokens} asked (finish reason "
                            f"{r.finish_reason}): the server did not decode to length although it was sent ignore_eos")
+            elif p.name in STREAMED_PHASES and r.ttft_s is None:
+                out.append(f"{where}: answered in one piece, not as a stream: the smoke's {p.name} phase "
+                           "streams (\"stream\": true) for its time to first token and tokens per verify step")
             elif run.algorithm is not None and r.spec_verify_ct == 0:
                 out.append(f"{where}: spec_verify_ct is 0 -- {run.algorithm} was not active")
     if not run.phases:
