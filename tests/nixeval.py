@@ -33,3 +33,21 @@ def nixpkgs_lib() -> Path | None:
         if root and (Path(root) / "lib" / "default.nix").exists():
             return Path(root) / "lib"
     return None
+
+
+def eval_expr(nix: str, expr: str):
+    """`nix eval --json --impure --expr EXPR`, parsed; a failed evaluation fails the test with nix's
+    message."""
+    done = subprocess.run([nix, "eval", "--json", "--impure", "--expr", expr], capture_output=True,
+                          text=True, env=nix_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def unit_sections(nix: str, expr: str) -> dict[str, dict[str, list[str]]]:
+    """A unit's directives as Nix gives them ({section: {key: value or list}}), evaluated and
+    turned into the lines systemd reads: each value a list of strings, booleans as true/false."""
+    def lines(v):
+        v = v if isinstance(v, list) else [v]
+        return ["true" if x is True else "false" if x is False else str(x) for x in v]
+    return {sec: {k: lines(v) for k, v in d.items()} for sec, d in eval_expr(nix, expr).items()}

@@ -9,13 +9,12 @@ restartIfChanged = false, and dflash-rollout.service (nix/lib/rollout-unit.nix) 
 """
 
 import json
-import subprocess
 from pathlib import Path
 
 import nix_unit
 from conftest import nix_or_skip
 from dflashctl.service import router
-from nixeval import nix_env
+from nixeval import eval_expr, unit_sections
 
 REPO = Path(__file__).resolve().parent.parent
 ROUTER_LIB = REPO / "nix" / "lib" / "router-unit.nix"
@@ -38,10 +37,7 @@ def nix_router(given: dict, instances: dict) -> dict:
     expr = (f"let r = import {lib}; o = builtins.fromJSON {json.dumps(json.dumps(router_options(given)))};"
             f" i = builtins.fromJSON {json.dumps(json.dumps(full))}; in {{ settings = r.settings o i;"
             " failed = map (a: a.message) (builtins.filter (a: !a.assertion) (r.assertions o i)); }")
-    done = subprocess.run([nix, "eval", "--json", "--impure", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return eval_expr(nix, expr)
 
 
 def nixos_router_unit(given: dict, instances: dict, python: str = "/nix/store/r-router-env/bin/python",
@@ -58,14 +54,7 @@ def nixos_router_unit(given: dict, instances: dict, python: str = "/nix/store/r-
             ' settingsFile = "/etc/dflash-router.json"; }; t = r.triggers s; in'
             ' { Unit = d.Unit // { X-Reload-Triggers = t.reload; X-Restart-Triggers = t.restart; };'
             ' Service = d.Service; }')
-    done = subprocess.run([nix_or_skip(), "eval", "--json", "--impure", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-
-    def lines(v):
-        v = v if isinstance(v, list) else [v]
-        return ["true" if x is True else "false" if x is False else str(x) for x in v]
-    return {sec: {k: lines(v) for k, v in d.items()} for sec, d in json.loads(done.stdout).items()}
+    return unit_sections(nix_or_skip(), expr)
 
 
 def _lines(v) -> list[str]:
@@ -121,8 +110,5 @@ def rollout_unit(full: dict, directives: dict, rollout: dict, router_on: bool, d
             f" routerSettingsFile = {router_file}; instances = a.full; instanceDirectives = a.directives;"
             " rollout = a.options; };"
             " in { Unit = d.Unit // { X-Restart-Triggers = d.restartTriggers; }; Service = d.Service; }")
-    done = subprocess.run([nix_or_skip(), "eval", "--json", "--impure", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    return _parsed(json.loads(done.stdout))
+    return _parsed(eval_expr(nix_or_skip(), expr))
 

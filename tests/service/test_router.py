@@ -691,22 +691,14 @@ def sections(text: str) -> dict[str, dict[str, list[str]]]:
 
 def nix_sections(settings: dict, tmp_path: Path) -> dict[str, dict[str, list[str]]]:
     from conftest import nix_or_skip
-    from nixeval import nix_env
-    nix = nix_or_skip()
+    from nixeval import unit_sections
     f = tmp_path / "settings.json"
     f.write_text(json.dumps(settings))
     lib = Path(__file__).resolve().parent.parent.parent / "nix" / "lib" / "router-unit.nix"
     expr = (f"(import {lib}).directives {{ settings = builtins.fromJSON (builtins.readFile {f}); "
             f'dflashctl = "/opt/dflash/bin/dflashctl"; python = "/opt/router env/bin/python"; '
             f'settingsFile = "/etc/dflash-router.json"; }}')
-    done = subprocess.run([nix, "eval", "--json", "--impure", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-
-    def lines(v):
-        v = v if isinstance(v, list) else [v]
-        return ["true" if x is True else "false" if x is False else str(x) for x in v]
-    return {sec: {k: lines(v) for k, v in d.items()} for sec, d in json.loads(done.stdout).items()}
+    return unit_sections(nix_or_skip(), expr)
 
 
 @pytest.mark.nix
