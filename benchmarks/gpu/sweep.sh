@@ -27,7 +27,7 @@
 # Writes into $OUT: summary.txt, sweep-h200.json (the smoke's result), sweep-h200.txt (its output),
 # triton-sweep-sm90.jsonl, sweep-logs.tar.gz (each server's SGLang log).
 # Then, where matplotlib is installed:
-#     python benchmarks/sweep_plot.py OUT/sweep-h200.json --out docs/gpu/sweep-h200.png
+#     python benchmarks/sweep_plot.py OUT/sweep-h200.json --out docs/gpu/sweep-h200/sweep-h200.png
 set -uo pipefail
 OUT=${OUT:-$PWD/sweep-out}
 mkdir -p "$OUT"
