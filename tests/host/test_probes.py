@@ -425,6 +425,28 @@ def test_a_driver_without_gpus_or_without_nvml_fails():
         "NVML failed: libnvidia-ml.so.1 is broken"
 
 
+def test_a_gpu_that_does_not_answer_is_named_and_left_to_gpu_health():
+    """The driver answers, a GPU does not (lost, fallen off the bus): driver names it, and warns when
+    no GPU answers at all (the GPU's fault, which gpu-health fails with its fix), not "no GPUs"."""
+    lost = [{"index": 0, "error": "GPU_IS_LOST"}]
+    r = h200("driver", gpus=[], unanswered=lost)
+    expect(probes.check_driver(r), "driver", "warn",
+           "driver 580.159.04 (CUDA 13.0), 0 GPU: none; GPU 0 does not answer (GPU_IS_LOST; see gpu-health)",
+           "see the gpu-health check", 0, r)
+    two = [{"index": 1}, {"index": 3, "error": "UNKNOWN"}]
+    r = h200("driver", unanswered=two)  # GPU 0 answers, 1 and 3 do not
+    expect(probes.check_driver(r), "driver", "ok",
+           "driver 580.159.04 (CUDA 13.0), 1 GPU: NVIDIA H200 (9.0, 143771 MiB); GPU 1 does not answer "
+           "(no answer; see gpu-health); GPU 3 does not answer (UNKNOWN; see gpu-health)", r=r)
+    r = h200("driver", version="575.57.08", cuda="12.9", gpus=[], unanswered=lost)  # too old comes first
+    expect(probes.check_driver(r), "driver", "fail",
+           "driver too old for CUDA 13: driver 575.57.08 (CUDA 12.9), 0 GPU: none; GPU 0 does not answer "
+           "(GPU_IS_LOST; see gpu-health)", "driver too old for CUDA 13: need >= 580", errors.PREFLIGHT_DRIVER, r)
+    r = h200("driver", gpus=[], unanswered=[])  # nothing silent: no GPUs at all is the driver's failure
+    assert (probes.check_driver(r).status, probes.check_driver(r).fix) == (
+        "fail", "check that the GPUs are visible (nvidia-smi)")
+
+
 def test_torch_must_be_a_cuda_13_build_that_sees_a_gpu():
     r = h200("torch", cuda="12.8", version="2.11.0+cu128")
     expect(probes.check_torch(r, PINS), "torch", "fail",
