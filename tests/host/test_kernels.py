@@ -30,7 +30,7 @@ import os
 from tvm_ffi.cpp import load_inline  # noqa: F401 (SGLang imports it inside load_jit; so do we)
 import tvm_ffi.cpp
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
 INCLUDE = os.path.join(HERE, "include")
 
 def build_cpu(n):
