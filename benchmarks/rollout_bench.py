@@ -31,7 +31,8 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "python")]
 from rollout_harness import Rotation, Supervisor, serve_argv  # noqa: E402
 from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body, phase  # noqa: E402
 
-from dflashctl.service import config, router_unit  # noqa: E402
+from dflashctl.operations import router_unit  # noqa: E402
+from dflashctl.service import config  # noqa: E402
 
 
 def standin_settings(tmp: Path, n: int, token_delay: str, listen_after: float, ready_after: float) -> list[Path]:

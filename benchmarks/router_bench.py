@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "python")]
 from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body, phase, request  # noqa: E402
 
-from dflashctl.service import config, router_unit  # noqa: E402
+from dflashctl.operations import router_unit  # noqa: E402
+from dflashctl.service import config  # noqa: E402
 
 
 class Supervised:

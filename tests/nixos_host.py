@@ -13,7 +13,7 @@ from pathlib import Path
 
 import nix_unit
 from conftest import nix_or_skip
-from dflashctl.service import router
+from dflashctl.operations import router
 from nixeval import eval_expr, unit_sections
 
 REPO = Path(__file__).resolve().parent.parent

@@ -2,7 +2,7 @@
 
 Everything listens on and talks to 127.0.0.1 only. The router is started the way its unit starts
 it, `dflashctl router --config FILE --python PYTHON` (which execs sglang-router 0.3.2), so the flags
-under test are the ones `service/router.py` writes. Load is closed-loop: each client sends its next
+under test are the ones `operations/router.py` writes. Load is closed-loop: each client sends its next
 request when the previous one is answered, bounded by a request count and a deadline.
 """
 

@@ -35,7 +35,8 @@ except ImportError:  # a device image without pytest: the marks are all router_h
 from rollout_harness import Supervisor  # noqa: E402
 from router_harness import ENV, Router, free_port  # noqa: E402
 
-from dflashctl.service import config, router_unit  # noqa: E402
+from dflashctl.operations import router_unit  # noqa: E402
+from dflashctl.service import config  # noqa: E402
 from dflashctl.smoke import oracle  # noqa: E402
 from dflashctl.smoke.settings import DEFAULT_SYNTHETIC_KV_TOKENS  # noqa: E402
 

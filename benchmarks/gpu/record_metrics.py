@@ -19,7 +19,8 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "python")]
 from rollout_harness import Supervisor  # noqa: E402
 from router_harness import ENV, Router, free_port, request  # noqa: E402
 
-from dflashctl.service import config, router_unit  # noqa: E402
+from dflashctl.operations import router_unit  # noqa: E402
+from dflashctl.service import config  # noqa: E402
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 # services.dflash.prometheus, builtins only: what a host's Prometheus scrapes and the rules it loads,
-# from python/dflashctl/service/data/monitoring/ (the files `dflashctl monitoring` renders from;
-# tests/service/test_monitoring.py holds this and service/monitoring.py to one result). `instances`: the
+# from python/dflashctl/operations/data/monitoring/ (the files `dflashctl monitoring` renders from;
+# tests/operations/test_monitoring.py holds this and operations/monitoring.py to one result). `instances`: the
 # enabled instances (name -> options); `router`: the router settings or null.
 let
-  dataDir = ../../python/dflashctl/service/data/monitoring;
+  dataDir = ../../python/dflashctl/operations/data/monitoring;
   data = builtins.fromJSON (builtins.readFile (dataDir + "/monitoring.json"));
   alertRules = builtins.fromJSON (builtins.readFile (dataDir + "/dflash.rules.json"));
   accept = data.thresholds.acceptLengthMin;
@@ -25,7 +25,7 @@ let
         .${host} or host;
     in
     if builtins.match ".*:.*" h != null then "[${h}]:${toString port}" else "${h}:${toString port}";
-  # Floats as text, as service/monitoring.py writes them (`%f`).
+  # Floats as text, as operations/monitoring.py writes them (`%f`).
   number = x: toString (x * 1.0);
 
   blockSize =

@@ -1,15 +1,15 @@
 # dflash-rollout.service, builtins only: services.dflash.upgrade = "rolling" in nix/module.nix. Its
-# directives come from python/dflashctl/service/data/rollout-unit.json; this adds the command line
+# directives come from python/dflashctl/operations/data/rollout-unit.json; this adds the command line
 # (`dflashctl rollout` over the module's settings of every instance), the ordering after the
 # router and the instances, the instances' definitions as restart triggers (a switch that changes
 # any instance restarts a rollout in progress, which finishes the batch it is in first) and the
-# stop timeout that lets it. Tier 1 (tests/service/test_rollout_unit.py) evaluates it with plain Nix.
+# stop timeout that lets it. Tier 1 (tests/operations/test_rollout_unit.py) evaluates it with plain Nix.
 let
   unitText = import ./unit-text.nix;
   serviceData = builtins.fromJSON (
     builtins.readFile ../../python/dflashctl/service/data/service-unit.json
   );
-  data = builtins.fromJSON (builtins.readFile ../../python/dflashctl/service/data/rollout-unit.json);
+  data = builtins.fromJSON (builtins.readFile ../../python/dflashctl/operations/data/rollout-unit.json);
   optional = cond: x: if cond then [ x ] else [ ];
   maxOf = builtins.foldl' (a: b: if b > a then b else a) 0;
 in

@@ -1,8 +1,8 @@
 # The router in front of a host's instances as systemd sees it, builtins only: the directives of
 # dflash-router.service from the data file `dflashctl router-unit` renders from
-# (python/dflashctl/service/data/router-unit.json), the router settings file for a host's
+# (python/dflashctl/operations/data/router-unit.json), the router settings file for a host's
 # instances and the refusals that need no package, for nix/module.nix's services.dflash.router.
-# Tier 1 (tests/service/test_router.py) evaluates it with plain `nix eval` and compares the settings with
+# Tier 1 (tests/operations/test_router.py) evaluates it with plain `nix eval` and compares the settings with
 # `dflashctl router-unit`'s and the directives, directive by directive, with its unit.
 #
 # A settings file's content holds every key, as `dflashctl router-unit` writes it: workers,
@@ -24,7 +24,7 @@ let
     ;
 
   unitText = import ./unit-text.nix;
-  data = builtins.fromJSON (builtins.readFile ../../python/dflashctl/service/data/router-unit.json);
+  data = builtins.fromJSON (builtins.readFile ../../python/dflashctl/operations/data/router-unit.json);
   # The sandbox's hidden directories and the credential fallback: one text for both units.
   serviceData = builtins.fromJSON (
     builtins.readFile ../../python/dflashctl/service/data/service-unit.json

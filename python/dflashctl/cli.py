@@ -26,12 +26,12 @@ COMMANDS = {
     "validate": "dflashctl.service.validate",
     "serve": "dflashctl.service.serve",
     "unit": "dflashctl.service.unit",
-    "router": "dflashctl.service.router",
-    "router-unit": "dflashctl.service.router_unit",
-    "rollout": "dflashctl.service.rollout",
+    "router": "dflashctl.operations.router",
+    "router-unit": "dflashctl.operations.router_unit",
+    "rollout": "dflashctl.operations.rollout",
     "models": "dflashctl.service.models",
-    "status": "dflashctl.service.status",
-    "monitoring": "dflashctl.service.monitoring",
+    "status": "dflashctl.operations.status",
+    "monitoring": "dflashctl.operations.monitoring",
     "smoke": "dflashctl.smoke.smoke",
 }
 

@@ -48,7 +48,7 @@ MODULES = {
     "host/probes.py": ["tests/host/test_probes.py", "-k", "not doctor"],  # not `dflashctl doctor` in a child
     "service/config.py": ["tests/service/test_config.py", "tests/service/test_validate.py", "tests/service/test_sglang_args.py", "-k",
                           "not real_process"],
-    "service/router.py": ["tests/service/test_router.py", "-k", "(defaults or docs_table or reach_the_routers or bad_router "
+    "operations/router.py": ["tests/operations/test_router.py", "-k", "(defaults or docs_table or reach_the_routers or bad_router "
                           "or instance_keys or rendered_unit or remote_workers or argv_masks or settings_are_refused "
                           "or worker_urls or settings_file or keys_come or sync_adds or reload_through or cannot_run "
                           "or both_keys or keys_masked or lists_each_change or name_their_file or exclude_each_other "

@@ -241,7 +241,8 @@ def test_a_path_the_sandbox_hides_is_a_nixos_assertion():
 
 
 def test_monitoring_options_are_typed_and_reach_prometheus_and_grafana():
-    from dflashctl.service import config, monitoring
+    from dflashctl.operations import monitoring
+    from dflashctl.service import config
     host = ('{ services.prometheus.enable = true; services.grafana.enable = true;'
             ' services.dflash.prometheus.minAcceptLength.a = 3; services.dflash.prometheus.scrapeIntervalSec = 5; }')
     out = evaluate({"a": {**QWEN, "draftModel": "d", "speculative": {"algorithm": "DFLASH"}}}, host=host)

@@ -409,7 +409,7 @@ def test_module_declares_dflashctls_settings_with_its_defaults(declared):
 def test_module_declares_the_monitoring_options_with_dflashctls_defaults(declared):
     """services.dflash.prometheus takes its defaults from data/monitoring/monitoring.json, as
     `dflashctl monitoring` does; it is on where the host runs Prometheus (Grafana: the dashboard)."""
-    from dflashctl.service import monitoring
+    from dflashctl.operations import monitoring
     p = declared["prometheus"]
     assert set(p) == {"scrapeIntervalSec", "minAcceptLength", "ttftP99Sec", "alertFor", "gpuExporters"}
     assert p["scrapeIntervalSec"]["default"] == monitoring.data()["scrapeIntervalSec"]
@@ -420,7 +420,7 @@ def test_module_declares_the_monitoring_options_with_dflashctls_defaults(declare
 
 
 def test_module_declares_the_routers_settings_with_their_defaults(declared):
-    from dflashctl.service import router
+    from dflashctl.operations import router
     options = declared["router"]
     settable = set(router.KEYS) - {"workers", "instanceUnits"}  # workers come from the instances
     assert set(options) == settable | {"enable", "remoteWorkers", "openFirewall"}

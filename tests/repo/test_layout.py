@@ -1,6 +1,6 @@
-"""The package's architecture: four capabilities whose imports run one way, and no circles.
+"""The package's architecture: five capabilities whose imports run one way, and no circles.
 
-smoke -> service -> host -> lock: each subpackage imports only those after it and the shared
+smoke -> operations -> service -> host -> lock: each subpackage imports only those after it and the shared
 top-level modules. Imports under `if TYPE_CHECKING:` are annotations only and do not count.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent.parent / "python" / "dflashctl"
-ORDER = ["smoke", "service", "host", "lock"]  # each may import those after it
+ORDER = ["smoke", "operations", "service", "host", "lock"]  # each may import those after it
 SHARED = {"cli", "cli_help", "errors", "exit_codes", "inputs", "output", "systems", "__init__", "__main__"}
 
 
@@ -51,7 +51,7 @@ def capability(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] in ORDER else None
 
 
-def test_tree_has_the_four_capabilities():
+def test_tree_has_the_five_capabilities():
     for sub in ORDER:
         init = PKG / sub / "__init__.py"
         assert init.exists(), f"dflashctl/{sub}/ is missing"
@@ -72,7 +72,7 @@ def test_imports_run_one_way():
                     wrong.append(f"{mod} (shared) imports {dep}")
                 continue
             if ORDER.index(dst) < ORDER.index(src):
-                wrong.append(f"{mod} ({src}) imports {dep} ({dst}): against smoke -> service -> host -> lock")
+                wrong.append(f"{mod} ({src}) imports {dep} ({dst}): against " + " -> ".join(ORDER))
     assert not wrong, "\n".join(wrong)
 
 

@@ -35,11 +35,6 @@ def unit_data() -> dict:
     return json.loads(_read("service-unit.json"))
 
 
-def router_unit_data() -> dict:
-    """router-unit.json: the router unit's directives and the router settings' defaults."""
-    return json.loads(_read("router-unit.json"))
-
-
 def warning_texts() -> dict:
     return json.loads(_read("warnings.json"))
 

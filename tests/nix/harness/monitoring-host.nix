@@ -1,5 +1,5 @@
 # A host's services.prometheus and services.grafana as nix/module.nix sets them, through
-# tests/nix/harness/nixos-lite.nix (no nixpkgs; tests/service/test_monitoring.py reads the result):
+# tests/nix/harness/nixos-lite.nix (no nixpkgs; tests/operations/test_monitoring.py reads the result):
 #   nix-instantiate --eval --strict --json tests/nix/harness/monitoring-host.nix --argstr hostJSON '{...}'
 # `hostJSON`: the host's configuration as JSON (services.dflash, services.prometheus, ...).
 { hostJSON }:

@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 from dflashctl import cli_help, output
 from dflashctl.cli_help import positive_int
 from dflashctl.errors import CONFIG, OK, USAGE, DflashError
-from dflashctl.service import config, router, unit, unit_paths, unit_text
-from dflashctl.service.unit_text import router_unit_data
+from dflashctl.operations import router
+from dflashctl.operations.unit_data import router_unit_data
+from dflashctl.service import config, unit, unit_paths, unit_text
 
 UNIT_NAME = "dflash-router.service"
 
@@ -90,7 +91,7 @@ def render(settings: dict, settings_path: str, dflashctl: str, python: str, syst
                                                             (data["adminApiKeyCredential"], cfg.admin_api_key_file)]))
     if _loopback_only(cfg):
         service.update({k: v for k, v in data["ipAddress"].items() if not k.startswith("_")})
-    head = ["# Rendered by `dflashctl router-unit` from dflashctl/service/data/router-unit.json.",
+    head = ["# Rendered by `dflashctl router-unit` from dflashctl/operations/data/router-unit.json.",
             "# Settings: " + settings_path,
             "# Workers: " + " ".join(cfg.workers)]
     unit_section["Description"] = unit_text.specifiers(unit_section["Description"])

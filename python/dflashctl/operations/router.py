@@ -15,8 +15,9 @@ from urllib.parse import urlsplit
 
 from dflashctl import cli_help
 from dflashctl.errors import CONFIG, DflashError
-from dflashctl.service import config, unit_text
-from dflashctl.service.router_admin import RouterAdmin
+from dflashctl.operations import unit_data
+from dflashctl.operations.router_admin import RouterAdmin
+from dflashctl.service import config
 
 POLICIES = ("round_robin", "cache_aware", "power_of_two", "random")
 LOG_LEVELS = ("debug", "info", "warn", "error")
@@ -25,7 +26,7 @@ ADMIN_KEY_ID = "dflash-admin"
 
 
 def defaults() -> dict:
-    return unit_text.router_unit_data()["defaults"]
+    return unit_data.router_unit_data()["defaults"]
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ def masked(argv: list[str]) -> list[str]:
 
 def read_keys(cfg: RouterConfig, env: dict[str, str]) -> tuple[str | None, str | None]:
     from dflashctl.service.serve import read_credential
-    data = unit_text.router_unit_data()
+    data = unit_data.router_unit_data()
     api = admin = None
     if cfg.api_key_file:
         api = read_credential(data["apiKeyCredential"], cfg.api_key_file, "the router's API key",

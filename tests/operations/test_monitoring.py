@@ -20,10 +20,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, nix_or_skip, prometheus_or_skip
-from dflashctl.service import config, monitoring, router
-from dflashctl.service.metrics_text import parse
+from dflashctl.operations import monitoring, router
+from dflashctl.operations.metrics_text import parse
+from dflashctl.service import config
 from nixeval import nix_env
 from router_harness import ENV, HAVE_ROUTER, STANDIN, Load, Router, Standin, free_port, generate_body, request
 
@@ -447,7 +447,7 @@ NIX_CASES = [  # (instances as the module has them, router settings or None, mod
 
 
 def test_the_module_gives_what_dflashctl_monitoring_gives():
-    """nix/lib/monitoring.nix (services.dflash.prometheus) and service/monitoring.py: one result."""
+    """nix/lib/monitoring.nix (services.dflash.prometheus) and operations/monitoring.py: one result."""
     from nix_unit import full_options
     nix = nix_or_skip()
     for instances, rsettings, given in NIX_CASES:

@@ -1,7 +1,7 @@
 """The running router's admin API (sglang-router 0.3.2): which workers it routes to, and changing them.
 
 Used by `dflashctl router --sync` (the unit's ExecReload) and by `dflashctl rollout`. Facts about
-0.3.2's API, as observed against the real binary (tests/service/test_router.py, tests/service/test_rollout.py):
+0.3.2's API, as observed against the real binary (tests/operations/test_router.py, tests/operations/test_rollout.py):
 `GET /workers` lists `{"workers": [{"id", "url", "is_healthy", "load", ...}]}`; `POST /workers
 {"url"}` answers 202 and adds the worker in the background (a URL already listed keeps its id);
 `DELETE /workers/<id>` answers 202 and removes it in the background, letting the requests it holds

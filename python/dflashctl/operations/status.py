@@ -4,7 +4,7 @@ The instances are their settings as `dflashctl unit` (/etc/dflash/*.json) or the
 (/etc/dflash-instances.json) installed them, or `--instance FILE`; the router's are
 /etc/dflash-router.json (or `--router`). status_collect.py reads each source; this module turns
 samples into the report: rates over the samples' span (two samples `--window` apart, or the last
-minute of `--watch`), the acceptance length against its alert threshold (service/monitoring.py:
+minute of `--watch`), the acceptance length against its alert threshold (operations/monitoring.py:
 a quarter of the drafter's block, or --min-accept-length), and the verdict. The exit code is 0
 when everything is healthy and 1 otherwise (a unit not running, an instance that does not answer,
 a worker out of rotation, a collapsed acceptance while decoding, a GPU fault), so it runs as a
@@ -22,8 +22,9 @@ from pathlib import Path
 
 from dflashctl import cli_help, output
 from dflashctl.errors import CONFIG, FAILED, OK, USAGE, DflashError
-from dflashctl.service import monitoring, rollout_plan, router, status_collect, unit, unit_text
-from dflashctl.service.status_collect import InstanceSample, RouterSample, Sample
+from dflashctl.operations import monitoring, rollout_plan, router, status_collect, unit_data
+from dflashctl.operations.status_collect import InstanceSample, RouterSample, Sample
+from dflashctl.service import unit
 
 FORMAT, VERSION = "dflashctl-status", 1
 MODULE_SETTINGS = "/etc/dflash-instances.json"  # the NixOS module's settings of every instance
@@ -210,7 +211,7 @@ def report(samples: list[Sample], min_accept: dict[str, float | None], router_mi
         "nvml": last.nvml is None, "nvml_missing": last.nvml,
         "instances": instances,
         "router": rep_router, "router_missing": None if last.router is not None else (
-            router_missing or f"no router settings ({unit_text.router_unit_data()['settingsPath']} does not "
+            router_missing or f"no router settings ({unit_data.router_unit_data()['settingsPath']} does not "
             "exist; --router FILE)"),
         "healthy": healthy, "exit_code": OK if healthy else FAILED, "problems": problems,
     }
@@ -351,7 +352,7 @@ def register(subparsers) -> None:
                    help=f"an instance's settings or the module's dflash-instances.json (repeat; default: every "
                         f"{rollout_plan.SETTINGS_GLOB} and {MODULE_SETTINGS})")
     p.add_argument("--router", metavar="FILE", help="the router settings (default: "
-                   f"{unit_text.router_unit_data()['settingsPath']} if it exists)")
+                   f"{unit_data.router_unit_data()['settingsPath']} if it exists)")
     p.add_argument("--no-router", action="store_true", help="leave the router out")
     p.add_argument("--no-systemd", action="store_true", help="do not ask systemd (unit state, journal)")
     p.add_argument("--json", action="store_true", help="the report as JSON (docs/status.schema.json)")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl.errors import CONFIG, ROLLOUT_STOPPED, DflashError
-from dflashctl.service import config, router, unit, unit_text, validate
+from dflashctl.operations import router, unit_data
+from dflashctl.service import config, unit, validate
 from dflashctl.service.config import InstanceConfig
 from dflashctl.service.instance_control import DIGEST_VAR, Systemd
 
@@ -66,7 +67,7 @@ def load_router(path: str | None, no_router: bool, env: dict[str, str]):
     """(router settings or None, its admin key or None)."""
     if no_router:
         return None, None
-    default = unit_text.router_unit_data()["settingsPath"]
+    default = unit_data.router_unit_data()["settingsPath"]
     if path is None and not Path(default).exists():
         return None, None
     cfg = router.from_dict(config.read_json(path or default), origin=path or default)

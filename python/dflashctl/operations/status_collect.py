@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 
 from dflashctl.errors import DflashError
 from dflashctl.host import driver, gpu_health, gpus, hub_cache
-from dflashctl.service import canary, monitoring, serve, sglang_args, unit
+from dflashctl.operations import canary, monitoring
+from dflashctl.operations.metrics_text import Metrics, ParseError
+from dflashctl.operations.router import RouterConfig
+from dflashctl.operations.router_admin import RouterAdmin, RouterUnreachable
+from dflashctl.service import serve, sglang_args, unit
 from dflashctl.service.config import InstanceConfig
 from dflashctl.service.instance_control import Systemd, UnitState
-from dflashctl.service.metrics_text import Metrics, ParseError
-from dflashctl.service.router import RouterConfig
-from dflashctl.service.router_admin import RouterAdmin, RouterUnreachable
 
 HTTP_TIMEOUT_S = 3.0
 JOURNAL_LINES = 400

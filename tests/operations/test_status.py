@@ -1,7 +1,7 @@
 """`dflashctl status` where parts of a host are missing, its JSON held to docs/status.schema.json,
 `--watch` on a terminal and off it, and the Prometheus text reader over the H200 recordings.
 
-The full host (the real router, stand-ins, a stopped worker) is tests/service/test_monitoring.py's; the
+The full host (the real router, stand-ins, a stopped worker) is tests/operations/test_monitoring.py's; the
 unit state and journal under a real systemd are tests/service/test_systemd.py's.
 """
 
@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
-from dflashctl.service.metrics_text import Metrics, ParseError, parse
+from dflashctl.operations.metrics_text import Metrics, ParseError, parse
 from dflashctl.smoke import schema
 from nvml_scenario import Scenario, build_fake_nvml
 from router_harness import ENV, STANDIN, free_port, request
@@ -52,7 +51,7 @@ def test_the_text_format_edges():
 
 
 def test_the_journal_line_that_reads_as_an_error():
-    from dflashctl.service.status_collect import reads_as_error
+    from dflashctl.operations.status_collect import reads_as_error
     assert reads_as_error("ImportError: cannot import name 'StructuralTag' from 'xgrammar'")
     assert reads_as_error("[2026-12-01 10:00:00] CUDA error: an illegal memory access was encountered")
     assert reads_as_error("dflashctl serve: GPU 0 (NVIDIA H200) failed while serving: XID 79; stopping SGLang")

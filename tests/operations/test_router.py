@@ -1,7 +1,7 @@
 """The router in front of a host's instances: the real sglang-router 0.3.2 against stand-in SGLang.
 
 Every process is real and on 127.0.0.1: stand-in workers (tests/data/service/standin_server.py,
-SGLang 0.5.11's JSON), and the router as its unit starts it (`dflashctl router`, service/router.py's
+SGLang 0.5.11's JSON), and the router as its unit starts it (`dflashctl router`, operations/router.py's
 flags and the defaults of data/router-unit.json). Load is bounded by request count and deadline;
 no assertion is about time, only about what was answered and by whom.
 """
@@ -16,13 +16,23 @@ import time
 from pathlib import Path
 
 import pytest
-
 from dflashctl import cli, errors
 from dflashctl.errors import DflashError
-from dflashctl.service import config, router, router_unit
+from dflashctl.operations import router, router_unit
+from dflashctl.service import config
 from nixos_host import nix_router, nixos_router_unit
-from router_harness import (MEASURED_DEFAULTS, REPO, Load, Router, Standin, free_port, generate_body, needs_router,
-                            request, served_by)
+from router_harness import (
+    MEASURED_DEFAULTS,
+    REPO,
+    Load,
+    Router,
+    Standin,
+    free_port,
+    generate_body,
+    needs_router,
+    request,
+    served_by,
+)
 
 
 @pytest.fixture

@@ -13,9 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import nix_unit
+import pytest
 from conftest import nix_or_skip
 from dflashctl import cli
 from nixeval import eval_json, nix_env
@@ -67,7 +66,7 @@ def test_the_command_line_is_one_dflashctl_accepts_with_the_settings_asked_for()
     d = rollout_unit({"a": QWEN, "b": {**QWEN, "port": 30001, "startTimeoutSec": 1800}},
                      {"batch": 2, "healthyForSec": 30, "requireIdentical": True})
     args = parsed(d["Service"]["ExecStart"])
-    assert args.command == "rollout" and args.func.__module__ == "dflashctl.service.rollout"
+    assert args.command == "rollout" and args.func.__module__ == "dflashctl.operations.rollout"
     assert args.instance == ["/nix/store/00000000000000000000000000000000-dflash-instances.json"]
     assert args.router == "/etc/dflash-router.json" and not args.no_router
     assert (args.batch, args.healthy_for, args.require_identical, args.resume) == (2, 30.0, True, True)

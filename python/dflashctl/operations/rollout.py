@@ -19,11 +19,12 @@ from dataclasses import asdict, dataclass, field
 
 from dflashctl import cli_help, output
 from dflashctl.errors import CONFIG, OK, PREFLIGHT_GPU_FAULT, ROLLOUT_STOPPED, DflashError
-from dflashctl.service import canary, rollout_plan, rollout_state, sdnotify, unit_text
-from dflashctl.service.canary import Answers
+from dflashctl.operations import canary, rollout_plan, rollout_state, unit_data
+from dflashctl.operations.canary import Answers
+from dflashctl.operations.rollout_plan import Plan, Target
+from dflashctl.operations.router_admin import RouterAdmin, RouterUnreachable
+from dflashctl.service import sdnotify, unit_text
 from dflashctl.service.instance_control import Command, Systemd
-from dflashctl.service.rollout_plan import Plan, Target
-from dflashctl.service.router_admin import RouterAdmin, RouterUnreachable
 from dflashctl.service.serve import read_api_key
 
 GPU_BUSY = 87  # errors.PREFLIGHT_GPU_BUSY: other work holds the GPU; it may end, so keep waiting
@@ -467,7 +468,7 @@ def register(subparsers) -> None:
                    help=f"an instance's settings, or the module's dflash-instances.json (repeat; default: "
                         f"every {rollout_plan.SETTINGS_GLOB})")
     p.add_argument("--router", metavar="FILE",
-                   help=f"the router settings (default: {unit_text.router_unit_data()['settingsPath']} if it exists)")
+                   help=f"the router settings (default: {unit_data.router_unit_data()['settingsPath']} if it exists)")
     p.add_argument("--no-router", action="store_true", help="roll without a router (each port is down while it restarts)")
     p.add_argument("--batch", type=int, default=1, metavar="N", help="instances restarted together (default 1)")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="only this instance (repeat)")

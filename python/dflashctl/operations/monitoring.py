@@ -23,10 +23,11 @@ from pathlib import Path
 
 from dflashctl import cli_help, output
 from dflashctl.errors import CONFIG, USAGE, DflashError
-from dflashctl.service import config, rollout_plan, router, unit_text
+from dflashctl.operations import rollout_plan, router, unit_data
+from dflashctl.service import config
 from dflashctl.service.config import InstanceConfig
 
-DATA = unit_text.DATA / "monitoring"
+DATA = unit_data.DATA / "monitoring"
 RULES_FILE = DATA / "dflash.rules.json"
 DASHBOARD_FILE = DATA / "grafana-dashboard.json"
 
@@ -146,7 +147,7 @@ def router_settings(path: str | None, no_router: bool):
     if no_router and path is not None:
         raise DflashError("--router and --no-router do not go together", f"--router {path} names a router, "
                           "--no-router leaves it out", "pass one of them", USAGE)
-    default = unit_text.router_unit_data()["settingsPath"]
+    default = unit_data.router_unit_data()["settingsPath"]
     if no_router or (path is None and not Path(default).exists()):
         return None
     return router.from_dict(config.read_json(path or default), origin=path or default)
@@ -201,7 +202,7 @@ def register(subparsers) -> None:
     p.add_argument("--instance", action="append", default=[], metavar="FILE",
                    help=f"an instance's settings (repeat; default: every {rollout_plan.SETTINGS_GLOB})")
     p.add_argument("--router", metavar="FILE", help="the router settings (default: "
-                   f"{unit_text.router_unit_data()['settingsPath']} if it exists)")
+                   f"{unit_data.router_unit_data()['settingsPath']} if it exists)")
     p.add_argument("--no-router", action="store_true", help="leave the router out")
     p.add_argument("--scrape-config", metavar="FILE", help="write the scrape_configs fragment of prometheus.yml")
     p.add_argument("--rules", metavar="FILE", help="write the alert rules (a rule file for rule_files)")

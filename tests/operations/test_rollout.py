@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from dflashctl.errors import CONFIG, ROLLOUT_BUSY, ROLLOUT_STOPPED
-from dflashctl.service import config, rollout_state
-from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body, needs_router
+from dflashctl.operations import rollout_state
+from dflashctl.service import config
 from rollout_harness import Rotation, Supervisor, serve_argv
+from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body, needs_router
 
 pytestmark = [needs_router, pytest.mark.slow]
 

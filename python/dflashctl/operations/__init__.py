@@ -1,0 +1,9 @@
+"""The host's operations across its instances: the router in front of them, rollouts, status, monitoring.
+
+One instance's life (its settings, argv, unit and supervisor) is `dflashctl.service`; this package
+sits above it and never the other way round. It mirrors the NixOS module's concerns
+(nix/modules/). Entry points: `router.py` and `router_unit.py` (`dflashctl router`, `router-unit`; the router's
+admin API in `router_admin.py`), `rollout.py` (`dflashctl rollout`: `rollout_plan.py` decides,
+`canary.py` asks, `rollout_state.py` remembers), `status.py` (`dflashctl status`, sampled by
+`status_collect.py`) and `monitoring.py` (`dflashctl monitoring`, from `data/monitoring/`).
+"""

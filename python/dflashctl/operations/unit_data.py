@@ -1,0 +1,21 @@
+"""The operations' own data files (data/): the router's and the rollout's unit directives.
+
+nix/lib/router-unit.nix and nix/lib/rollout-unit.nix read the same files, so `dflashctl router-unit`
+and the NixOS module give one unit (tests/operations/test_router.py, test_rollout_unit.py).
+"""
+
+import json
+from functools import cache
+from pathlib import Path
+
+DATA = Path(__file__).with_name("data")
+
+
+@cache
+def _read(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def router_unit_data() -> dict:
+    """router-unit.json: the router unit's directives and the router settings' defaults."""
+    return json.loads(_read("router-unit.json"))
