@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 
 from dflashctl import __version__, inputs
 from dflashctl.errors import INPUT, DflashError
-from dflashctl.host import driver, gpu_health, gpus, kernels, probes, sglang_0_5_11
+from dflashctl.host import driver, faststart, gpu_health, gpus, kernels, probes, sglang_0_5_11
 from dflashctl.lock import locate, lockfile
 from dflashctl.systems import current_system
 
@@ -33,6 +33,7 @@ DOCTOR_PROBES = {
     "flashinfer": ("flashinfer", ""), "soundfile": ("soundfile", ""), "transformers": ("transformers", ""),
     "sglang": ("sglang", ""), "nvcc": ("cuda_toolkit", ""), "gpus": ("gpus", gpus.LIBRARY),
     "bytecode": ("bytecode", ",".join(probes.BYTECODE_PACKAGES)),
+    "faststart": ("faststart", str(kernels.HOOK_DIR)),
 }
 
 
@@ -159,7 +160,7 @@ def doctor_checks(results: dict, lock: dict, python_version: str, python: str = 
     checks += [probes.check_flashinfer(results["flashinfer"]), probes.check_soundfile(results["soundfile"], stack),
                probes.check_transformers(results["transformers"], stack),
                probes.check_sglang(results["sglang"], None, stack), probes.check_nvcc(results["nvcc"]),
-               probes.check_bytecode(results["bytecode"], python)]
+               probes.check_bytecode(results["bytecode"], python), faststart.check(results["faststart"])]
     return checks
 
 

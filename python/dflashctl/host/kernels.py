@@ -128,14 +128,22 @@ def provide(env: dict[str, str]) -> dict[str, str]:
                           "Triton writes into its cache directory, and the prebuilt one is read-only",
                           "leave TRITON_CACHE_DIR unset (it then lives in the instance's cache directory)",
                           CONFIG)
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(HOOK_DIR)]
-    env["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR)] + parts)
+    env = hook_on_path(env)
     if recording or Path(root, triton_kernels.SUBDIR).is_dir():
         env.setdefault("TRITON_CACHE_MANAGER", triton_kernels.MANAGER)
     if root and Path(root, FLASHINFER_AOT, "norm", "norm.so").exists():
         # With nvidia-cutlass-dsl installed flashinfer would take its CuTe-DSL RMSNorm and compile
         # that at the first start; the prebuilt nvcc build needs no compiler (docs/benchmarks.md).
         env.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
+    return env
+
+
+def hook_on_path(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the stack's start-up hook (kernel_hook/: its sitecustomize) first on PYTHONPATH,
+    once, for the prebuilt kernels and the fast start alike."""
+    env = dict(env)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(HOOK_DIR)]
+    env["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR)] + parts)
     return env
 
 

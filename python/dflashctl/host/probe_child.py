@@ -618,6 +618,14 @@ def probe_bytecode(names, facts):
                                    "writable": os.access(root, os.W_OK)}
 
 
+def probe_faststart(hook_dir, facts):
+    """The fast start tried once in this interpreter (kernel_hook/dflash_faststart.self_check): a
+    template, one child forked from it, whether the child is this process's own, in its group."""
+    sys.path.insert(0, hook_dir)
+    import dflash_faststart
+    facts.update(dflash_faststart.self_check())
+
+
 def probe_crash(_, facts):  # used by the tests: a native crash, as a broken extension would cause
     os.abort()
 

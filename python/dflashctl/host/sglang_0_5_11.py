@@ -50,3 +50,8 @@ TRITON_GPU_BOUND = {
     ("sglang.srt.constrained.triton_ops.bitmask_ops", "apply_token_bitmask_inplace_kernel"):
         "NUM_SMS is a constexpr: the GPU's SM count (132 on the H200)",
 }
+
+
+# The third-party libraries SGLang's scheduler and detokenizer import, which the fast start's
+# template imports once beside the server (host/faststart.py; the file says how it was read).
+FASTSTART_PRELOAD = "sglang-0.5.11-preload.json"

@@ -2,14 +2,15 @@
 
 settings -> sglang_args.build_env (GPUs, model cache, the instance's `environment`, JIT caches,
 the hub token) -> cuda_home (the stack's nvcc as CUDA_HOME, its bin/ on PATH) -> kernels (the
-prebuilt-kernel hook, when $DFLASH_PREBUILT_KERNELS is set) -> driver (the host's driver libraries
+prebuilt-kernel hook, when $DFLASH_PREBUILT_KERNELS is set) -> faststart (SGLang's children forked
+from a preloaded template, `fastStart`; the same start-up hook) -> driver (the host's driver libraries
 first on LD_LIBRARY_PATH, driverLibraryDir honoured; a mismatch raises PREFLIGHT_DRIVER). Smoke
 starts its servers through this same function, so what it measures is what serve would start.
 """
 
 from dataclasses import dataclass
 
-from dflashctl.host import cuda_home, driver, kernels
+from dflashctl.host import cuda_home, driver, faststart, kernels
 from dflashctl.service import config, sglang_args
 
 
@@ -34,5 +35,6 @@ def child_env(cfg: config.InstanceConfig, python: str, base_env: dict[str, str] 
     os.environ); raises DflashError where the prebuilt kernels or the driver do not fit."""
     env = cuda_home.provide(sglang_args.build_env(cfg, base_env, hf_token), python)
     env = kernels.provide(env)
+    env = faststart.provide(env, cfg.fast_start)
     env, found = driver.provide(env, cfg.driver_library_dir)
     return ChildEnv(env, found)

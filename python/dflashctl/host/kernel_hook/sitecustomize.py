@@ -1,6 +1,8 @@
 """Python imports this at start-up because dflashctl put its directory first on PYTHONPATH.
 
-It installs the prebuilt-kernel hook (dflash_kernel_hook.py: `install` patches what this process's
+It starts the template SGLang's children fork from (dflash_faststart.py: only in the instance's
+server process, only with $DFLASH_FASTSTART; first, so that its imports run beside the server's),
+installs the prebuilt-kernel hook (dflash_kernel_hook.py: `install` patches what this process's
 settings ask for, nothing when none do), then runs the interpreter's own sitecustomize, which this
 file shadows (nixpkgs' Python has one: it reads NIX_PYTHONPATH).
 """
@@ -10,6 +12,13 @@ import os
 import sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
+
+try:
+    import dflash_faststart
+    dflash_faststart.install()
+except Exception as e:  # never stop SGLang: without the template it spawns its children as always
+    print(f"[dflash faststart] off ({type(e).__name__}: {e}); SGLang spawns its children as before",
+          file=sys.stderr)
 
 try:
     import dflash_kernel_hook

@@ -1,0 +1,588 @@
+"""SGLang's spawned children started from a process that has already imported their libraries
+(standard library only: the stack's interpreter has no dflashctl).
+
+SGLang 0.5.11 sets the `spawn` start method (entrypoints/engine.py, `_set_envs_and_config`) and
+starts its scheduler(s) and detokenizer with `mp.Process`: each child is a fresh interpreter that
+imports torch, transformers and SGLang again, about as long as the server's own imports. It cannot
+use `fork` instead: SGLang's import initialises CUDA (`torch.cuda.is_available()`,
+`get_device_capability()` at module level), and a fork after that cannot use the GPU.
+
+Here, the server process (the first process of an instance, the one that pops $DFLASH_FASTSTART)
+starts a *template* at once, beside its own imports. The template imports the libraries the
+children import (the list in the file $DFLASH_FASTSTART names: third-party modules only, SGLang's
+own modules touch CUDA at import) with CUDA fenced off, then checks it is safe to fork: CUDA not
+initialised (libcuda's `cuDeviceGetCount` answers CUDA_ERROR_NOT_INITIALIZED), torch not initialised
+and not marked for a bad fork, NVML shut down, one thread. When SGLang starts a child the spawn
+way, the server sends the template what spawn would send a fresh interpreter (its preparation data
+and the pickled process object, the file descriptors it carries) and its environment of that
+moment; the template forks, and the child continues exactly as a spawned one does
+(`multiprocessing.spawn.prepare`, then `process._bootstrap`), without importing those libraries again.
+
+What stays as with spawn:
+- the child is the server's own child: the server is a child subreaper (PR_SET_CHILD_SUBREAPER),
+  the template forks twice and the middle process exits, so the child is re-parented to the server
+  before it runs (SGLang's children signal `psutil.Process().parent()` with SIGQUIT when they fail,
+  set PR_SET_PDEATHSIG against it, and the server waits for them with waitpid);
+- the process group (serve signals the whole group, its GPU watch reads NVML by pid);
+- the environment: the child gets the server's environment at the moment of its start. A variable
+  that differs from the template's start and that a preloaded module read while it was imported
+  (recorded), or one only the loader or the interpreter read at exec (LD_*, PYTHON*, ...), or another
+  executable (SGLang's numactl wrapper): that child is spawned as before, and the log says why.
+Anything the template cannot do (it died, it is not ready within READY_WAIT_S, CUDA was touched
+during its imports) falls back to spawn, with the reason in the log. Off: unset $DFLASH_FASTSTART
+(the instance setting `fastStart = false`).
+"""
+
+import ctypes
+import datetime
+import io
+import json
+import os
+import socket
+import struct
+import sys
+import time
+
+ENV = "DFLASH_FASTSTART"  # the path of the preload list (JSON: {"preload": [...]}); absent or "0": off
+TAG = "[dflash faststart]"
+# Read by the dynamic loader, glibc or the interpreter once, at exec: a child must see them at start.
+EXEC_ONLY = ("LD_", "GLIBC_TUNABLES", "MALLOC_", "PYTHON")
+READY_WAIT_S = 300.0  # the template imports beside the server: it is almost always ready first
+REPARENT_WAIT_S = 10.0  # the middle process exits at once; this bounds a stuck start
+PR_SET_CHILD_SUBREAPER = 36
+CUDA_ERROR_NOT_INITIALIZED = 3
+NVML_ERROR_UNINITIALIZED = 1
+MAX_FDS = 64
+PID = struct.Struct("!q")
+HEAD = struct.Struct("!II")  # header length, payload length
+
+_server = None  # the Server of this process, once install() started a template
+_inherited: list[int] = []  # in a child: the descriptors its pickled objects refer to, by index
+
+
+def say(text: str) -> None:
+    """A line in SGLang's log, stamped as SGLang stamps its own (smoke/startup.py reads them)."""
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    sys.stderr.write(f"[{now}] {TAG} {text}\n")
+    sys.stderr.flush()
+
+
+# --- the server side ------------------------------------------------------------------------------
+
+def install() -> None:
+    """In the instance's server process: start the template, route spawn through it. Nothing in a
+    `python -c` process (probes, multiprocessing's own helpers) or where $DFLASH_FASTSTART is unset."""
+    global _server
+    if not sys.argv or sys.argv[0] == "-c" or _server is not None:
+        return
+    setting = os.environ.pop(ENV, "")  # popped: processes this one starts never start a template
+    if not setting or setting == "0":
+        return
+    try:
+        with open(setting) as f:
+            preload = [str(m) for m in json.load(f)["preload"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        say(f"off: cannot read the preload list {setting} ({e}); SGLang spawns its children as before")
+        return
+    problem = become_subreaper()
+    if problem:
+        say(f"off: {problem}; SGLang spawns its children as before")
+        return
+    _server = Server(preload)
+    _route_spawn()
+
+
+def _route_spawn() -> None:
+    """Every spawn-method child of this process asks the template first (the default context's
+    Process and an explicit get_context("spawn") both start through SpawnProcess._Popen)."""
+    import multiprocessing.context as context
+    original = context.SpawnProcess._Popen
+    context.SpawnProcess._Popen = staticmethod(lambda process_obj: _server.popen(process_obj, original))
+
+
+def become_subreaper() -> str | None:
+    """Orphans of this process's descendants become its children (a forked child among them)."""
+    if not sys.platform.startswith("linux"):
+        return f"needs Linux (this is {sys.platform})"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            return f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}"
+    except (OSError, AttributeError) as e:
+        return f"prctl is not available ({e})"
+    return None
+
+
+def _main_path_entry() -> str:
+    """What the interpreter puts first on sys.path for this program (the template imports as it will)."""
+    if sys.argv[0] == "-m" or not sys.argv[0]:
+        return os.getcwd()
+    return os.path.dirname(os.path.abspath(sys.argv[0]))
+
+
+class Server:
+    """The template, seen from the server process: started at once, asked for each child."""
+
+    def __init__(self, preload: list[str]):
+        import subprocess
+        import multiprocessing.spawn as spawn
+        self.executable = os.fsdecode(spawn.get_executable())
+        self.env = dict(os.environ)
+        self.state: dict | None = None
+        self.sock, theirs = socket.socketpair()
+        here = os.path.dirname(os.path.abspath(__file__))  # on PYTHONPATH already, unless doctor's check
+        boot = f"import sys; sys.path.append({here!r}); import dflash_faststart as f; f.template_main()"
+        argv = [self.executable, "-c", boot, str(theirs.fileno()), str(os.getpid()),
+                json.dumps({"preload": preload, "path0": _main_path_entry()})]
+        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                     env=self.env)
+        theirs.close()
+
+    def ready(self) -> dict:
+        """The template's report (read once; waits for it the first time a child starts)."""
+        if self.state is None:
+            self.sock.settimeout(READY_WAIT_S)
+            try:
+                line = _read_line(self.sock)
+                self.state = json.loads(line) if line else {"ok": False, "why": "the template exited"}
+            except (OSError, ValueError) as e:
+                self.state = {"ok": False, "why": f"no word from the template in {READY_WAIT_S:.0f} s ({e})"}
+            self.sock.settimeout(None)
+        return self.state
+
+    def why_not(self) -> str | None:
+        """Why this child must be spawned after all (None: fork it from the template)."""
+        state = self.ready()
+        if not state.get("ok"):
+            return f"the template is not usable: {state.get('why')}"
+        import multiprocessing.spawn as spawn
+        if os.fsdecode(spawn.get_executable()) != self.executable:
+            return f"the child is to run {spawn.get_executable()} (not {self.executable})"
+        differ = {k for k in set(self.env) | set(os.environ) if self.env.get(k) != os.environ.get(k)}
+        exec_only = sorted(k for k in differ if k.startswith(EXEC_ONLY))
+        if exec_only:
+            return f"{', '.join(exec_only)} changed since the template started (read at exec only)"
+        read = sorted(differ & set(state.get("env_read", [])))
+        if read:
+            return f"{', '.join(read)} changed since the template read it while importing"
+        return None
+
+    def popen(self, process_obj, spawn_popen):
+        why = self.why_not()
+        if why is None:
+            try:
+                popen = TemplatePopen(process_obj)
+                say(f"{process_obj.name}: forked from the template (pid {popen.pid})")
+                return popen
+            except NotStarted as e:
+                why = str(e)
+        say(f"{process_obj.name}: spawned: {why}")
+        return spawn_popen(process_obj)
+
+    def start_child(self, header: dict, payload: bytes, fds: list[int]) -> int:
+        """Hand one child's start to the template; its pid once it runs as our own child."""
+        status_r, status_w = os.pipe()
+        try:
+            head = json.dumps(header).encode()
+            socket.send_fds(self.sock, [HEAD.pack(len(head), len(payload))], [status_w] + fds)
+            self.sock.sendall(head + payload)
+        except OSError as e:
+            os.close(status_r)
+            raise NotStarted(f"the template did not take the child ({e.strerror or e})") from None
+        finally:
+            os.close(status_w)
+        try:
+            data = _read_exact(status_r, PID.size, REPARENT_WAIT_S)
+        finally:
+            os.close(status_r)
+        if len(data) < PID.size:
+            raise NotStarted("the template did not start the child")
+        return PID.unpack(data)[0]
+
+
+class NotStarted(Exception):
+    """Nothing of the child ran: spawning it instead is safe."""
+
+
+def _read_exact(fd: int, n: int, timeout: float) -> bytes:
+    import select
+    data, deadline = b"", time.monotonic() + timeout
+    while len(data) < n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+class _DupFd:
+    """A descriptor a pickled object carries to the child: its place in the list sent along."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def detach(self) -> int:
+        return _inherited[self.index]
+
+
+def _popen_class():
+    """multiprocessing's fork Popen, launching through the template (built on first use: the
+    server imports multiprocessing's Popen machinery only when SGLang starts a child)."""
+    import multiprocessing.popen_fork as popen_fork
+
+    class _TemplatePopen(popen_fork.Popen):
+        method = "spawn"  # what SGLang asked for; the child runs as a spawned one
+
+        def __init__(self, process_obj):
+            self._fds: list[int] = []
+            super().__init__(process_obj)
+
+        DupFd = _DupFd
+
+        def duplicate_for_child(self, fd):
+            self._fds.append(fd)
+            return len(self._fds) - 1
+
+        def _launch(self, process_obj):
+            self.pid = _launch(self, process_obj)
+
+    return _TemplatePopen
+
+
+def TemplatePopen(process_obj):  # noqa: N802 (called like the class it makes)
+    global TemplatePopen
+    TemplatePopen = _popen_class()
+    return TemplatePopen(process_obj)
+
+
+def _launch(popen, process_obj) -> int:
+    """What spawn's Popen sends a fresh interpreter, sent to the template instead."""
+    from multiprocessing import context, reduction, resource_tracker, spawn, util
+    prep = spawn.get_preparation_data(process_obj._name)
+    buf = io.BytesIO()
+    context.set_spawning_popen(popen)
+    try:
+        reduction.dump(prep, buf)
+        reduction.dump(process_obj, buf)
+    finally:
+        context.set_spawning_popen(None)
+    parent_r, child_w = os.pipe()  # the child holds child_w: EOF on parent_r when it exits
+    child_r, parent_w = os.pipe()  # we hold parent_w: the child's parent sentinel
+    try:
+        fds = [child_w, child_r, resource_tracker.getfd()] + popen._fds
+        pid = _server.start_child({"server_pid": os.getpid(), "env": dict(os.environ)},
+                                  buf.getvalue(), fds)
+    except BaseException:
+        os.close(parent_r)
+        os.close(parent_w)
+        raise
+    finally:
+        os.close(child_w)
+        os.close(child_r)
+    popen.sentinel = parent_r
+    popen.finalizer = util.Finalize(popen, util.close_fds, (parent_r, parent_w))
+    return pid
+
+
+# --- doctor's check ------------------------------------------------------------------------------
+
+def self_check() -> dict:
+    """For `dflashctl doctor`, in the stack's interpreter: one real child through a template that
+    preloads nothing but json, and whether it came back as this process's own child."""
+    global _server
+    problem = become_subreaper() or _missing_internals()
+    if problem:
+        return {"ok": False, "why": problem}
+    import multiprocessing as mp
+    _server = Server(["json"])
+    _route_spawn()
+    ctx = mp.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_report_parent, args=(writer,), name="faststart-check")
+    child.start()
+    writer.close()
+    got = reader.recv() if reader.poll(30) else None
+    child.join(30)
+    forked = type(child._popen).__name__ == "_TemplatePopen"
+    state = _server.ready()
+    if not forked:
+        return {"ok": False, "why": f"the test child was spawned: {_server.why_not() or 'it did not start'}"}
+    if got != [os.getpid(), os.getpgid(0)] or child.exitcode != 0:
+        return {"ok": False, "why": f"the test child reported {got} and exited {child.exitcode} "
+                                    f"(expected parent {os.getpid()}, group {os.getpgid(0)}, exit 0)"}
+    return {"ok": True, "why": None, "template_s": state.get("seconds")}
+
+
+def _report_parent(writer) -> None:
+    writer.send([os.getppid(), os.getpgid(0)])
+
+
+def _missing_internals() -> str | None:
+    """The multiprocessing and os internals this module builds on (CPython 3.10 to 3.13)."""
+    import multiprocessing.context as context
+    import multiprocessing.popen_fork as popen_fork
+    import multiprocessing.resource_tracker as resource_tracker
+    import multiprocessing.spawn as spawn
+    needed = {"socket.send_fds": getattr(socket, "send_fds", None),
+              "SpawnProcess._Popen": getattr(context.SpawnProcess, "_Popen", None),
+              "popen_fork.Popen": getattr(popen_fork, "Popen", None),
+              "spawn.get_preparation_data": getattr(spawn, "get_preparation_data", None),
+              "spawn.prepare": getattr(spawn, "prepare", None),
+              "resource_tracker._resource_tracker._fd": hasattr(resource_tracker._resource_tracker, "_fd") or None,
+              "os._Environ._data": hasattr(os.environ, "_data") or None}
+    missing = [name for name, found in needed.items() if found is None]
+    return f"this Python ({sys.version.split()[0]}) lacks {', '.join(missing)}" if missing else None
+
+
+# --- the template ---------------------------------------------------------------------------------
+
+class _CudaFenced(RuntimeError):
+    """Raised in the template where an import would initialise CUDA."""
+
+
+def template_main() -> None:
+    """`python -c` entry point: argv = socket fd, server pid, JSON {"preload", "path0"}."""
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    server_pid, spec = int(sys.argv[2]), json.loads(sys.argv[3])
+    if sys.path and sys.path[0] == "":
+        sys.path[0] = spec["path0"]  # `-c` put the working directory first; the server has path0
+    os.environ.pop(ENV, None)
+    state = preload(spec["preload"])
+    sock.sendall(json.dumps(state).encode() + b"\n")
+    if not state["ok"]:
+        say(f"template not usable: {state['why']}; SGLang spawns its children as before")
+        return
+    say(f"template ready: {len(state['preloaded'])} modules imported in {state['seconds']:.1f} s "
+        f"(first {', '.join(state['preloaded'][:4])})")
+    say(f"template: {len(state['missing'])} of the list not in this stack; os.environ read whole while "
+        f"importing by {', '.join(state['env_iterated_by']) or 'nothing'}; NVML shut down "
+        f"{state['nvml_shutdowns']} time(s)")
+    serve_forks(sock, server_pid)
+
+
+class _RecordingEnviron(os._Environ):
+    """os.environ that notes which variables are read (and who reads all of them) while importing."""
+
+    def __init__(self, real):
+        super().__init__(real._data, real.encodekey, real.decodekey, real.encodevalue, real.decodevalue)
+        self.read: set[str] = set()
+        self.iterated_by: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __iter__(self):
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__") in ("os", "_collections_abc", __name__):
+            frame = frame.f_back
+        self.iterated_by.add(frame.f_globals.get("__name__", "?") if frame is not None else "?")
+        return super().__iter__()
+
+
+def preload(entries: list[str]) -> dict:
+    """Import each entry ("module" or "module:name", as `from module import name`) with CUDA fenced
+    off; the report the server decides by."""
+    real, started = os.environ, time.monotonic()
+    recording = os.environ = _RecordingEnviron(real)
+    fence: dict | None = None
+    done, missing, why = [], [], None
+    try:
+        for entry in entries:
+            if "torch" in sys.modules and fence is None:
+                fence = _fence_cuda(sys.modules["torch"])
+            result = _import(entry)
+            if result == "ok":
+                done.append(entry)
+            elif result == "missing":
+                missing.append(entry)
+            else:
+                why = f"importing {entry}: {result}"
+                break
+    finally:
+        os.environ = real
+        for (holder, name), value in (fence or {}).items():
+            setattr(holder, name, value)
+    shutdowns = _shutdown_nvml()
+    why = why or fork_safety_problem()
+    return {"ok": why is None, "why": why, "seconds": round(time.monotonic() - started, 3),
+            "preloaded": done, "missing": missing, "env_read": sorted(recording.read),
+            "env_iterated_by": sorted(recording.iterated_by), "nvml_shutdowns": shutdowns}
+
+
+def _import(entry: str) -> str:
+    import importlib
+    module, _, name = entry.partition(":")
+    try:
+        imported = importlib.import_module(module)
+        if name:
+            getattr(imported, name)  # a lazy package (transformers) imports it here
+        return "ok"
+    except _CudaFenced as e:
+        return f"it initialises CUDA ({e}): a fork after it could not use the GPU"
+    except (ImportError, AttributeError):
+        return "missing"  # not in this stack (or not a module): the child does without it too
+    except Exception as e:  # what it left half-done could differ from a fresh import: no template
+        return f"{type(e).__name__}: {e}"
+
+
+def _fence_cuda(torch) -> dict:
+    """During the imports: torch answers is_available() from NVML (torch's own fork-safe check,
+    PYTORCH_NVML_BASED_CUDA_CHECK) and anything that would initialise CUDA raises. Returns what to
+    restore."""
+    saved = {}
+
+    def fenced(what):
+        def refuse(*args, **kwargs):
+            raise _CudaFenced(what)
+        return refuse
+
+    for holder, name in ((torch._C, "_cuda_init"), (torch._C, "_cuda_getDeviceCount")):
+        if hasattr(holder, name):
+            saved[(holder, name)] = getattr(holder, name)
+            setattr(holder, name, fenced(f"torch._C.{name}"))
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and hasattr(cuda, "_nvml_based_avail"):
+        saved[(cuda, "_nvml_based_avail")] = cuda._nvml_based_avail
+        cuda._nvml_based_avail = lambda: True
+    return saved
+
+
+def _shutdown_nvml() -> int:
+    """torch's NVML check initialises NVML and never shuts it down; a child must not share it."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        return 0  # never loaded
+    count = 0
+    while count < 64 and nvml.nvmlShutdown() != NVML_ERROR_UNINITIALIZED:
+        count += 1
+    return count
+
+
+def fork_safety_problem() -> str | None:
+    """Why forking this process now would hand a child a broken CUDA or a held lock (None: safe)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        cuda = None  # not loaded: not initialised
+    if cuda is not None:
+        count = ctypes.c_int(0)
+        rc = cuda.cuDeviceGetCount(ctypes.byref(count))
+        if rc != CUDA_ERROR_NOT_INITIALIZED:
+            return f"CUDA was initialised during the imports (cuDeviceGetCount answered {rc})"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "torch initialised CUDA during the imports"
+    threads = len(os.listdir(f"/proc/{os.getpid()}/task"))
+    if threads != 1:
+        return f"{threads} threads run after the imports (a fork copies only one)"
+    if torch is not None and _child_in_bad_fork():
+        return "torch marked a forked child as unable to use CUDA (it counted devices during the imports)"
+    return None
+
+
+def _child_in_bad_fork() -> bool:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if sys.modules["torch"].cuda._is_in_bad_fork() else 0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+
+
+def serve_forks(sock: socket.socket, server_pid: int) -> None:
+    """One child per request, until the server closes the socket (it exited)."""
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, HEAD.size, MAX_FDS)
+        except OSError:
+            return
+        if not data:
+            return
+        data += _recv_exact(sock, HEAD.size - len(data))
+        head_len, payload_len = HEAD.unpack(data)
+        body = _recv_exact(sock, head_len + payload_len)
+        if len(body) < head_len + payload_len:
+            return
+        _fork_twice(sock, fds, json.loads(body[:head_len]), body[head_len:], server_pid)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _fork_twice(sock, fds: list[int], header: dict, payload: bytes, server_pid: int) -> None:
+    """The middle process exits at once, so the child is re-parented to the server (a subreaper)."""
+    try:
+        middle = os.fork()
+    except OSError:
+        middle = -1
+    if middle == 0:
+        sock.close()
+        try:
+            if os.fork() != 0:
+                os._exit(0)
+        except OSError:
+            os._exit(1)
+        run_child(fds, header, payload, server_pid)  # never returns
+    for fd in fds:  # ours are copies; closing the status pipe tells the server when nothing started
+        os.close(fd)
+    if middle > 0:
+        os.waitpid(middle, 0)
+
+
+def run_child(fds: list[int], header: dict, payload: bytes, server_pid: int) -> None:
+    """In the forked child: become the server's child, take its environment, run as spawn would.
+    Ends the process (as a spawned child ends: SystemExit, so atexit handlers run); never returns
+    into the template's loop."""
+    status_w, child_w, child_r, tracker_fd, *inherited = fds
+    deadline = time.monotonic() + REPARENT_WAIT_S
+    while os.getppid() != server_pid:
+        if time.monotonic() > deadline:
+            os._exit(70)  # the server never sees a pid: it spawns the child instead
+        time.sleep(0.001)
+    os.write(status_w, PID.pack(os.getpid()))
+    os.close(status_w)  # child_w stays open for our whole life: the server's sentinel
+    os.environ.clear()
+    os.environ.update(header["env"])
+    try:
+        code = _bootstrap(payload, inherited, tracker_fd, child_r)
+    except SystemExit as e:
+        code = e.code
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        code = 1
+    raise SystemExit(code)
+
+
+def _bootstrap(payload: bytes, inherited: list[int], tracker_fd: int, parent_sentinel: int) -> int:
+    from multiprocessing import process, reduction, resource_tracker, spawn
+    _inherited[:] = inherited
+    resource_tracker._resource_tracker._fd = tracker_fd  # the server's tracker, as spawn passes it
+    stream = io.BytesIO(payload)
+    process.current_process()._inheriting = True
+    try:
+        spawn.prepare(reduction.pickle.load(stream))
+        process_obj = reduction.pickle.load(stream)
+    finally:
+        del process.current_process()._inheriting
+    return process_obj._bootstrap(parent_sentinel=parent_sentinel)
