@@ -68,13 +68,15 @@ class Notify:
 def serve(tmp_path):
     procs = []
 
-    def start(mode: str, args=(), settings: dict | None = None, env=None, **standin):
+    def start(mode: str, args=(), settings: dict | None = None, env=None, environment: dict | None = None,
+              **standin):
         port = free_port()
         ok_file = tmp_path / "ok"
         cfg = {"name": "t", "model": "stand-in", "port": port, "gpus": [0], "startTimeoutSec": 600,
                "environment": {"STANDIN_MODE": mode, "STANDIN_OK_FILE": str(ok_file),
                                "STANDIN_ARGV_FILE": str(tmp_path / "argv.json"),
-                               **{f"STANDIN_{k.upper()}": str(v) for k, v in standin.items()}},
+                               **{f"STANDIN_{k.upper()}": str(v) for k, v in standin.items()},
+                               **(environment or {})},
                **(settings or {})}
         f = tmp_path / "settings.json"
         f.write_text(json.dumps(cfg))

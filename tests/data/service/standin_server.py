@@ -22,6 +22,17 @@ and exits 0 on SIGTERM. For the systemd tier (tests/service/test_systemd.py), al
                       JIT cache directory dflashctl names (TVM_FFI_CACHE_DIR, CUTE_DSL_CACHE_DIR, ...)
   STANDIN_JIT=1       first compile and run, with `c++` from PATH in $HOME/jit, a program that
                       dlopens a shared library, as SGLang's first start does (exit 5 if that fails)
+Its processes start as SGLang 0.5.11's do (srt/entrypoints/engine.py): after its own imports it sets
+multiprocessing's `spawn` start method and starts a scheduler (which reports ready through a pipe)
+and a detokenizer with `mp.Process`, waits for the scheduler, then listens. Each of the three
+imports standin_heavy.py (beside this file; skipped where it is not), which appends its pid to
+STANDIN_IMPORT_LOG. The children set PR_SET_PDEATHSIG against their parent and, on an exception,
+send their parent (psutil's `parent()` in SGLang) SIGQUIT; the server then kills its process tree
+and dies of SIGQUIT, as SGLang's launch-phase handler does; a watchdog thread sees a child that
+died without a word within a second (SGLang's SubprocessWatchdog). For tests:
+  STANDIN_SGLANG_CHILDREN=0        no children (the server alone)
+  STANDIN_SCHEDULER_FAIL_AFTER=S   the scheduler raises S seconds after it reported ready
+  STANDIN_CHILD_PIDFILE=F          the server writes {"scheduler": pid, "detokenizer": pid} to F
 Once ready (healthy and die-after-ready modes) it also serves what a router asks of a worker, in
 SGLang 0.5.11's JSON shapes: GET /health, /v1/models, /model_info, /server_info; POST /generate and
 /v1/chat/completions, each as JSON or as a server-sent event stream ("stream": true). Every answer
@@ -40,6 +51,7 @@ test lowers it there); /v1/loads and /server_info report it too. Bad requests ge
 
 import http.server
 import json
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -71,7 +83,8 @@ served_ok = threading.Event()
 
 JIT_CACHES = ("TVM_FFI_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "CUTE_DSL_CACHE_DIR", "TRITON_CACHE_DIR",
               "CUDA_CACHE_PATH", "TORCHINDUCTOR_CACHE_DIR")  # what dflashctl names (host/jit_caches.py)
-if os.environ.get("STANDIN_ARGV_FILE"):
+IS_SERVER = __name__ == "__main__"  # a spawned child runs this file again first, as __mp_main__
+if IS_SERVER and os.environ.get("STANDIN_ARGV_FILE"):
     with open(os.environ["STANDIN_ARGV_FILE"], "w") as f:
         json.dump({"argv": sys.argv, "env": {k: v for k, v in os.environ.items()
                                              if k in ("CUDA_VISIBLE_DEVICES", "HF_HOME", "FOO", "HF_TOKEN",
@@ -83,11 +96,12 @@ def on_term(signum, frame):
     os._exit(0)
 
 
-signal.signal(signal.SIGTERM, on_term)
-if not checked:
-    print("standin: SGLang's flags not checked (no strict_args.py beside this file or in ../sglang)", flush=True)
-print(f"standin: mode={mode} port={port}", flush=True)
-print("standin: Loading safetensors checkpoint shards", flush=True)
+if IS_SERVER:
+    signal.signal(signal.SIGTERM, on_term)
+    if not checked:
+        print("standin: SGLang's flags not checked (no strict_args.py beside this file or in ../sglang)", flush=True)
+    print(f"standin: mode={mode} port={port}", flush=True)
+    print("standin: Loading safetensors checkpoint shards", flush=True)
 
 
 MODEL = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--served-model-name"),
@@ -354,21 +368,6 @@ def helper_child() -> None:
         time.sleep(3600)
 
 
-for _ in range(int(os.environ.get("STANDIN_CHILDREN", "0"))):
-    if os.fork() == 0:
-        helper_child()
-if os.environ.get("STANDIN_MARK") == "1":
-    jit = [os.environ[v] for v in JIT_CACHES if v in os.environ]
-    for directory in {os.environ["HOME"], os.environ["HF_HOME"], *jit}:  # HOME and HF_HOME: often one
-        os.makedirs(directory, exist_ok=True)  # the JIT caches' directories are made by their tools
-        with open(os.path.join(directory, "standin-starts"), "a") as f:
-            f.write(f"{os.getpid()} {os.getuid()}\n")
-if os.environ.get("STANDIN_JIT") == "1":
-    jit_build()
-if mode == "crash":
-    threading.Thread(target=crash_later, daemon=True).start()
-if mode == "die-after-ready":
-    threading.Thread(target=die_after_ready, daemon=True).start()
 def progress_then_stall():
     every = float(os.environ.get("STANDIN_PROGRESS_EVERY", "0.2"))
     end = started + float(os.environ.get("STANDIN_STALL_AFTER", "1.0"))
@@ -380,10 +379,128 @@ def progress_then_stall():
     print("standin: Capturing CUDA graphs (bs=256)", flush=True)  # the last line before the hang
 
 
-if mode == "stall":
-    threading.Thread(target=progress_then_stall, daemon=True).start()
-if mode == "silent":
+
+def import_heavy() -> None:
+    """What SGLang's three processes each import (torch, transformers, SGLang): standin_heavy.py."""
+    sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        import standin_heavy  # noqa: F401 (imported for its cost and its line in STANDIN_IMPORT_LOG)
+    except ImportError:
+        pass  # copied alone (the NixOS VM test)
+
+
+def die_with_parent() -> None:
+    """SGLang's kill_itself_when_parent_died: PR_SET_PDEATHSIG = SIGKILL."""
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def scheduler_process(writer) -> None:
+    die_with_parent()
+    parent = os.getppid()  # SGLang: psutil.Process().parent(), told with SIGQUIT when this fails
+    try:
+        import_heavy()
+        writer.send({"status": "ready", "pid": os.getpid()})
+        fail_after = os.environ.get("STANDIN_SCHEDULER_FAIL_AFTER")
+        time.sleep(float(fail_after) if fail_after else 1e9)
+        raise RuntimeError("standin: Scheduler hit an exception: CUDA error: an illegal memory access")
+    except Exception as e:
+        print(f"standin: scheduler: {e}", flush=True)
+        if os.environ.get("STANDIN_DEATH_FILE"):  # when the failure happened, for the tests' clock
+            with open(os.environ["STANDIN_DEATH_FILE"], "w") as f:
+                f.write(repr(time.time()))
+        os.kill(parent, signal.SIGQUIT)
+
+
+def detokenizer_process() -> None:
+    die_with_parent()
+    import_heavy()
     while True:
         time.sleep(3600)
-time.sleep(float(os.environ.get("STANDIN_LISTEN_AFTER", "0")))  # SGLang listens only after its imports
-http.server.ThreadingHTTPServer((host, port), Handler).serve_forever()
+
+
+def descendants(pid: int) -> list[int]:
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    except OSError:
+        return found
+    return found + [d for c in found for d in descendants(c)]
+
+
+def on_sigquit(signum, frame) -> None:
+    """SGLang's launch-phase handler: a child failed; kill the process tree, this process last."""
+    print("standin: Received sigquit from a child process. It usually means the child failed.", flush=True)
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGQUIT)
+
+
+def watch_children(children: list) -> None:
+    """SGLang's SubprocessWatchdog: once a second, a child that is gone ends the server."""
+    while True:
+        time.sleep(1.0)
+        for proc in children:
+            if not proc.is_alive() and proc.exitcode != 0:
+                print(f"standin: Subprocess {proc.name} (pid={proc.pid}) crashed with exit code "
+                      f"{proc.exitcode}. Triggering SIGQUIT for cleanup...", flush=True)
+                os.kill(os.getpid(), signal.SIGQUIT)
+                return
+
+
+def start_children() -> None:
+    """As SGLang's launch: spawn start method, scheduler, detokenizer, wait for the scheduler."""
+    signal.signal(signal.SIGQUIT, on_sigquit)
+    mp.set_start_method("spawn", force=True)
+    reader, writer = mp.Pipe(duplex=False)
+    scheduler = mp.Process(target=scheduler_process, args=(writer,), name="scheduler_0")
+    scheduler.start()
+    detokenizer = mp.Process(target=detokenizer_process, name="detokenizer")
+    detokenizer.start()
+    while not reader.poll(5.0):
+        if not scheduler.is_alive():
+            print(f"standin: Rank 0 scheduler died during initialization (exit code: {scheduler.exitcode})", flush=True)
+            os._exit(1)
+    reader.recv()
+    if os.environ.get("STANDIN_CHILD_PIDFILE"):
+        with open(os.environ["STANDIN_CHILD_PIDFILE"], "w") as f:
+            json.dump({"scheduler": scheduler.pid, "detokenizer": detokenizer.pid}, f)
+    threading.Thread(target=watch_children, args=([scheduler, detokenizer],), daemon=True).start()
+
+
+def run_server() -> None:
+    import_heavy()
+    if os.environ.get("STANDIN_SGLANG_CHILDREN", "1") != "0" and mode != "silent":
+        start_children()
+    for _ in range(int(os.environ.get("STANDIN_CHILDREN", "0"))):
+        if os.fork() == 0:
+            helper_child()
+    if os.environ.get("STANDIN_MARK") == "1":
+        jit = [os.environ[v] for v in JIT_CACHES if v in os.environ]
+        for directory in {os.environ["HOME"], os.environ["HF_HOME"], *jit}:  # HOME and HF_HOME: often one
+            os.makedirs(directory, exist_ok=True)  # the JIT caches' directories are made by their tools
+            with open(os.path.join(directory, "standin-starts"), "a") as f:
+                f.write(f"{os.getpid()} {os.getuid()}\n")
+    if os.environ.get("STANDIN_JIT") == "1":
+        jit_build()
+    if mode == "crash":
+        threading.Thread(target=crash_later, daemon=True).start()
+    if mode == "die-after-ready":
+        threading.Thread(target=die_after_ready, daemon=True).start()
+    if mode == "stall":
+        threading.Thread(target=progress_then_stall, daemon=True).start()
+    if mode == "silent":
+        while True:
+            time.sleep(3600)
+    time.sleep(float(os.environ.get("STANDIN_LISTEN_AFTER", "0")))  # SGLang listens only after its imports
+    http.server.ThreadingHTTPServer((host, port), Handler).serve_forever()
+
+
+if IS_SERVER:
+    run_server()
