@@ -39,7 +39,7 @@ def instance_settings(o: SmokeOptions, spec: RunSpec, port: int, launch: str, fr
                "allowSharedGpus": True, "startTimeoutSec": int(o.start_timeout),
                # smoke's figures are measured as they always were, without SGLang's metrics (what the
                # service's default costs is benchmarks/gpu/metrics_cost.sh's measurement)
-               "enableMetrics": False}
+               "enableMetrics": False, "fastStart": o.fast_start}
     mem = o.mem_fraction_static if o.mem_fraction_static is not None else fraction
     if mem is None and spec.synthetic:
         mem = 0.25 if launch == "together" else 0.5

@@ -12,6 +12,11 @@ the patterns are smoke/sglang_0_5_11.py's):
                                                 here, at their first call (tvm-ffi, flashinfer, Triton)
     The server is fired up and ready to roll!   HTTP up and SGLang's own warm-up request done
 
+With the fast start (host/kernel_hook/dflash_faststart.py) the stack's hook adds its own lines,
+stamped the same way: when the template is ready (its imports, which run beside the server's) and
+how each child started (forked from the template, or spawned and why); `faststart` reads them, so
+"scheduler start" can be told apart: a fork plus SGLang's own modules, or a whole new import.
+
 SGLang logs nothing when it compiles a kernel, so compiling is read from the caches it compiles
 into: a tvm-ffi or flashinfer module is a directory with build.ninja (written when its build
 starts) and the .so (when it ends); a Triton kernel is a directory of files written when it ends.
@@ -20,9 +25,11 @@ Caches are shared by servers that start side by side, so compiling is reported f
 
 import datetime as dt
 import os
+import re
 from pathlib import Path
 
 from dflashctl.host import jit_caches as host_jit_caches
+from dflashctl.host.kernel_hook import dflash_faststart
 from dflashctl.smoke import jit_prewarm, sglang_0_5_11
 
 STAMP = sglang_0_5_11.LOG_STAMP
@@ -95,9 +102,53 @@ def phases(log_text: str, launched: dt.datetime, ready_s: float | None = None) -
     seen = {e for _, e, _ in evs}
     missing = [m for m in ("args", "dist_begin", "load_begin", "capture_begin", "fired_up") if m not in seen]
     return {"seconds": seconds, "ready_s": None if ready_s is None else round(ready_s, 3),
+            "faststart": faststart(log_text, launched),
             "weight_loads": sum(e == "load_begin" for _, e, _ in evs),
             "graph_captures": sum(e == "capture_begin" for _, e, _ in evs),
             "missing_lines": [next(text for e, text in MARKERS if e == m) for m in missing]}
+
+
+FASTSTART_READY = re.compile(r"template ready: (\d+) modules imported in ([\d.]+) s")
+FASTSTART_CHILD = re.compile(r"^(\S+): (?:forked from the template|spawned: (.*))")
+
+
+def faststart(log_text: str, since: dt.datetime | None = None) -> dict | None:
+    """What the fast start's lines say (None: no line, it was off): the template's import seconds
+    (None when it was not usable, with why), the children forked and those spawned with why."""
+    found: dict = {"template_s": None, "modules": None, "unusable": None, "forked": [], "spawned": {}}
+    seen = False
+    for line in log_text.splitlines():
+        m = STAMP.match(line.strip())
+        if not m or not m.group(2).startswith(dflash_faststart.TAG):
+            continue
+        if since is not None and _stamp(m.group(1)) < since.replace(microsecond=0):
+            continue
+        seen, text = True, m.group(2)[len(dflash_faststart.TAG):].strip()
+        ready, child = FASTSTART_READY.search(text), FASTSTART_CHILD.search(text)
+        if ready:
+            found["modules"], found["template_s"] = int(ready.group(1)), float(ready.group(2))
+        elif text.startswith(("template not usable: ", "off: ")):
+            found["unusable"] = text.split(": ", 1)[1]
+        elif child and child.group(2) is not None:
+            found["spawned"][child.group(1)] = child.group(2)
+        elif child:
+            found["forked"].append(child.group(1))
+    return found if seen else None
+
+
+def faststart_text(f: dict | None) -> str:
+    """The start-up line's note on how the children started."""
+    if f is None:
+        return ""
+    parts = []
+    if f["forked"]:
+        parts.append(f"{', '.join(f['forked'])} forked from the template (its imports {f['template_s']:.1f}s, "
+                     "beside the server's)")
+    for name, why in f["spawned"].items():
+        parts.append(f"{name} spawned: {why}")
+    if not parts and f["unusable"]:
+        parts.append(f"fast start not used: {f['unusable']}")
+    return "; ".join(parts)
 
 
 # --- JIT caches -------------------------------------------------------------------------------------
@@ -190,7 +241,8 @@ def lines(result: dict) -> list[str]:
             continue
         parts = [f"{key.replace('_', ' ')} {v:.1f}s" for key, v in start["seconds"].items() if v is not None]
         missing = f" (lines not in its log: {'; '.join(start['missing_lines'])})" if start["missing_lines"] else ""
-        out.append(f"start-up {run['name']}: " + ", ".join(parts) + missing)
+        note = faststart_text(start.get("faststart"))
+        out.append(f"start-up {run['name']}: " + ", ".join(parts) + missing + (f" ({note})" if note else ""))
     pre = jit_prewarm.line(result.get("jit_prewarm"))
     if pre:
         out.append(pre)
