@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The fast start on the H200 with Nix conditions (issue 44), in ONE device call of at most 9 minutes:
+#   1. byte code as a Nix build writes it (compileall, checked-hash) over the payload and the device's
+#      site-packages, then `prebuilt_kernels.sh build` (the flake's prebuilt kernels, /tmp/i21/prebuilt)
+#   2. doctor's faststart line (the stack's interpreter forks one child through a template)
+#   3. NCCL in a forked child: a template preloading SGLang 0.5.11's list, one child forked from it
+#      that initialises CUDA and a torch.distributed NCCL group of one (tp 1) and all-reduces on GPU 0
+#   4. fresh default smokes (fresh HOME and caches, prebuilt kernels, FLASHINFER_DISABLE_JIT=1):
+#      on1, off (--no-fast-start), on2, on3: each server's ready time and start-up phases, the
+#      template's lines, start to table, outputs 12/12, the oracle speed-up
+#   5. a table: per run start to table, each server's ready time, imports / scheduler start, how the
+#      children started; the median of the three runs with the fast start
+# Run from the repository root with the stack's payload (benchmarks/README.md), e.g. the device tool
+# with carry [".gpu"]:   bash benchmarks/gpu/faststart.sh
+# Writes into $OUT (default ./faststart-out): summary.txt, on1.json, off.json, on2.json, on3.json,
+# doctor.json, nccl.txt, logs.tar.gz (every server's log and smoke's output, rewritten after each run).
+# Budget: BUDGET=540 s; each smoke at most 170 s or what is left (common.sh's fresh_smoke).
+set -uo pipefail
+OUT=${OUT:-$PWD/faststart-out}
+mkdir -p "$OUT" /tmp/i21 /tmp/i44
+summary="$OUT/summary.txt"
+PY=${PYTHON:-python3}
+K=/tmp/i21/prebuilt
+RUNS_DIR=/tmp/i44/runs
+LOGS_TAR=$OUT/logs.tar.gz
+source "$(dirname "$0")/common.sh"
+stack_setup || exit 3
+export PYTHONPATH="$REPO/python:$PYTHONPATH"
+rm -rf "$RUNS_DIR"; mkdir -p "$RUNS_DIR"
+{
+  machine_facts sglang sglang-kernel torch triton transformers
+  echo "== timeline (seconds since the script started)"
+} >"$summary"
+
+# 1. Nix conditions
+SYSTEM_SITE=$($PY -c "import importlib.util, os; print(os.path.dirname(os.path.dirname(importlib.util.find_spec('torch').origin)))")
+s=$(ms)
+$PY -m compileall -q -j0 --invalidation-mode checked-hash "$SITE" >/dev/null 2>&1
+$PY -m compileall -q -j0 --invalidation-mode checked-hash "$SYSTEM_SITE" >/dev/null 2>&1
+stamp "compileall (checked-hash) $SITE and $SYSTEM_SITE: $(secs_since "$s")s"
+if [ ! -f "$K/index.json" ]; then
+  BUDGET=$(( $(left) - 5 )) RUNS=0 OUT=$OUT/build bash "$(dirname "$0")/prebuilt_kernels.sh" build >/dev/null 2>&1
+  rm -rf "$OUT/build"
+fi
+[ -f "$K/index.json" ] && stamp "prebuilt kernels: $K" || stamp "no prebuilt kernels: the runs compile (say so)"
+
+# 2. doctor
+$PY -m dflashctl doctor --json >"$OUT/doctor.json" 2>/dev/null
+stamp "doctor: $($PY -c "import json, sys; c = [c for c in json.load(open(sys.argv[1]))['checks'] if c['name'] in ('faststart', 'bytecode')]; print(' | '.join(f\"{x['name']} {x['status']} {x['summary']}\" for x in c))" "$OUT/doctor.json" 2>&1 | tail -n1)"
+
+# 3. NCCL (tp 1) in a child forked from a template that preloaded SGLang's list
+HOOK=$REPO/python/dflashctl/host/kernel_hook
+LIST=$REPO/python/dflashctl/host/data/sglang-0.5.11-preload.json
+cat >/tmp/i44/nccl_child.py <<'PYEOF'
+import multiprocessing as mp, os, time
+
+def child(writer):
+    import torch, torch.distributed as dist
+    t = time.monotonic()
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29544", rank=0, world_size=1)
+    x = torch.ones(4, device="cuda")
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    writer.send({"ppid": os.getppid(), "sum": x.sum().item(), "nccl": torch.cuda.nccl.version(),
+                 "init_s": round(time.monotonic() - t, 2)})
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    import torch  # the server imports torch (and initialises CUDA) before its children start
+    torch.cuda.is_available()
+    mp.set_start_method("spawn", force=True)
+    r, w = mp.Pipe(duplex=False)
+    p = mp.Process(target=child, args=(w,), name="scheduler_0")
+    p.start()
+    print("child said", r.recv() if r.poll(120) else "nothing", "; server pid", os.getpid(), flush=True)
+    p.join(60)
+    print("child exit", p.exitcode, type(p._popen).__name__, flush=True)
+PYEOF
+s=$(ms)
+( cd /tmp/i44 && PYTHONPATH=$HOOK:$PYTHONPATH DFLASH_FASTSTART=$LIST timeout 150 $PY nccl_child.py ) >"$OUT/nccl.txt" 2>&1
+stamp "nccl (tp 1) in a forked child: exit $? after $(secs_since "$s")s: $(grep -E 'child said|child exit|faststart\] (scheduler|template)' "$OUT/nccl.txt" | cut -c1-220 | tr '\n' ' ')"
+
+# 4. fresh default smokes
+for label in on1 off on2 on3; do
+  flag=(); [ "$label" = off ] && flag=(--no-fast-start)
+  fresh_smoke "$label" DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1 -- "${flag[@]}" "$@"
+  cat "$RUNS_DIR/$label"/logs/*.log 2>/dev/null | grep -ho '\[dflash faststart\].*' | sed 's/(pid [0-9]*)//' \
+    | sort | uniq -c | cut -c1-300 | sed 's/^/    /' >>"$summary"
+done
+
+# 5. the table
+$PY - "$OUT" >>"$summary" 2>&1 <<'PYEOF'
+import json, os, statistics, sys
+out = sys.argv[1]
+print("== per run: start to table; per server: ready s (imports / scheduler start) and how its children started")
+ready = {"on": [], "off": []}
+for label in ("on1", "on2", "on3", "off"):
+    path = os.path.join(out, f"{label}.json")
+    if not os.path.exists(path):
+        print(f"{label}: no result")
+        continue
+    r = json.load(open(path))
+    runs = r.get("runs", [])
+    speed = next((x["phases"]["sequential"].get("speedup") for x in runs
+                  if x["name"] == "DFLASH" and isinstance(x.get("phases"), dict)), None)
+    print(f"{label}: ok {r['ok']}, start to table {r.get('phases_s', {}).get('start to table')} s, DFLASH x {speed}")
+    for x in runs:
+        st = x.get("startup") or {}
+        sec = st.get("seconds") or {}
+        fs = st.get("faststart") or {}
+        ready["off" if label == "off" else "on"].append(x.get("startup_s"))
+        print(f"    {x['name']:16} ready {x.get('startup_s')} s (imports {sec.get('imports')}, scheduler start "
+              f"{sec.get('scheduler_start')}); template {fs.get('template_s')} s, forked {fs.get('forked')}, "
+              f"spawned {fs.get('spawned')}, unusable {fs.get('unusable')}; lossless {(x.get('lossless') or {}).get('status')}")
+for k, v in ready.items():
+    v = [t for t in v if t is not None]
+    if v:
+        print(f"ready per server, fast start {k}: median {statistics.median(v):.1f} s, max {max(v):.1f} s over {len(v)} servers")
+PYEOF
+stamp "done"
+cat "$summary"
