@@ -9,7 +9,9 @@ let
   serviceData = builtins.fromJSON (
     builtins.readFile ../../python/dflashctl/service/data/service-unit.json
   );
-  data = builtins.fromJSON (builtins.readFile ../../python/dflashctl/operations/data/rollout-unit.json);
+  data = builtins.fromJSON (
+    builtins.readFile ../../python/dflashctl/operations/data/rollout-unit.json
+  );
   optional = cond: x: if cond then [ x ] else [ ];
   maxOf = builtins.foldl' (a: b: if b > a then b else a) 0;
 in

@@ -24,7 +24,9 @@ let
     ;
 
   unitText = import ./unit-text.nix;
-  data = builtins.fromJSON (builtins.readFile ../../python/dflashctl/operations/data/router-unit.json);
+  data = builtins.fromJSON (
+    builtins.readFile ../../python/dflashctl/operations/data/router-unit.json
+  );
   # The sandbox's hidden directories and the credential fallback: one text for both units.
   serviceData = builtins.fromJSON (
     builtins.readFile ../../python/dflashctl/service/data/service-unit.json
