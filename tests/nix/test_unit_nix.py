@@ -1,6 +1,6 @@
 """The NixOS module's units, refusals and warnings, proven without nixpkgs.
 
-nix/lib/service-unit.nix decides everything nix/module.nix hands to NixOS for an instance; here it
+nix/lib/service-unit.nix decides everything the module hands to NixOS for an instance; here it
 is evaluated with plain Nix (tests/nix_unit.py) over many configurations and the hostile values of
 tests/service/test_unit_text.py, and compared with dflashctl's own rendering:
 - every valid configuration: each unit directive by directive with `dflashctl unit`'s (plus the

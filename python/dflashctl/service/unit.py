@@ -1,6 +1,6 @@
 """`dflashctl unit --config FILE`: the systemd unit of one instance, for hosts without NixOS.
 
-The directives come from data/service-unit.json, the same file nix/module.nix reads, so the two
+The directives come from data/service-unit.json, the same file the NixOS module reads, so the two
 units cannot drift. One unit per instance (dflash-<name>.service), as instances are one per GPU set.
 """
 
