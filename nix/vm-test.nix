@@ -7,8 +7,9 @@
 # in the unit's status and is not restarted. `good` (upgrade = "rolling", the default with the
 # router) and `restarting` (upgrade = "restart") are switched under load to their specialisation
 # `v2`, in which both instances changed: every request through the router is counted, 0 may fail
-# with rolling upgrades; what restarting both at once loses is printed. Needs nixpkgs and KVM:
-# tier 2 only (docs/nix.md).
+# with rolling upgrades; what restarting both at once loses is printed. `good` then switches to `v3`,
+# which changes only systemd.globalEnvironment: the rollout restarts both instances onto it. Needs
+# nixpkgs and KVM: tier 2 only (docs/nix.md).
 #
 # Nothing here needs the CUDA stack: no host's closure holds dflash-env, dflash-kernels or a wheel
 # of nix/python-lock.json (tests/nix/test_nix_checks.py reads each check's dependency derivations over a
@@ -67,18 +68,27 @@ let
     };
     environment.systemPackages = [ pkgs.curl ];
   };
-  # Two instances behind the router, and a second configuration in which both changed.
-  upgraded = upgrade: {
-    imports = [ (host dflashctlStandIn standInEnv true) ];
-    services.dflash = {
-      inherit upgrade;
-      instances.b = instance 31001;
+  # Two instances behind the router, a second configuration in which both changed, and a third
+  # that differs from the second only in what NixOS itself writes into every unit.
+  upgraded =
+    upgrade:
+    let
+      v2.services.dflash.instances = {
+        a.environment.STANDIN_VERSION = "2";
+        b.environment.STANDIN_VERSION = "2";
+      };
+    in
+    {
+      imports = [ (host dflashctlStandIn standInEnv true) ];
+      services.dflash = {
+        inherit upgrade;
+        instances.b = instance 31001;
+      };
+      specialisation.v2.configuration = v2;
+      specialisation.v3.configuration = v2 // {
+        systemd.globalEnvironment.DFLASH_VM_CHECK = "v3";
+      };
     };
-    specialisation.v2.configuration.services.dflash.instances = {
-      a.environment.STANDIN_VERSION = "2";
-      b.environment.STANDIN_VERSION = "2";
-    };
-  };
   # Closed-loop clients of the router's /generate until a stop file exists: one line per answer.
   loadClient = pkgs.writeText "dflash-load.py" ''
     import json, os, sys, threading, time, urllib.error, urllib.request
@@ -163,6 +173,19 @@ pkgs.testers.runNixOSTest {
     assert good.succeed("systemctl show -P Result dflash-rollout.service").strip() == "success"
     print(f"rolling upgrade under load: {total} requests, {failed} failed")
     assert failed == 0, f"{failed} of {total} requests failed during a rolling upgrade"
+
+    # a switch that changes only what NixOS writes into every unit (systemd.globalEnvironment):
+    # the instances' digests cover it, so the rollout restarts both onto it
+    ids = {u: good.succeed(f"systemctl show -P InvocationID {u}").strip()
+           for u in ("dflash-a.service", "dflash-b.service")}
+    good.succeed("/run/booted-system/specialisation/v3/bin/switch-to-configuration test")
+    for u, old in ids.items():
+        good.wait_until_succeeds(f"test $(systemctl show -P InvocationID {u}) != {old}", timeout=300)
+        good.wait_for_unit(u)
+        good.succeed(f"grep -q 'DFLASH_VM_CHECK=v3' /proc/$(systemctl show -P MainPID {u})/environ")
+    good.wait_until_succeeds("test $(systemctl show -P ActiveState dflash-rollout.service) = inactive",
+                             timeout=300)
+    assert good.succeed("systemctl show -P Result dflash-rollout.service").strip() == "success"
     total_r, failed_r = upgrade_under_load(restarting)
     print(f"both instances restarted at once by the switch: {total_r} requests, {failed_r} failed")
 

@@ -1,25 +1,28 @@
-"""A NixOS host's dflash units as NixOS would write them, from the module's pure functions (no nixpkgs).
+"""A NixOS host's dflash units as NixOS would write them, without nixpkgs.
 
-For the tests of what `nixos-rebuild switch` does (tests/nixos_switch.py has the rule): the router's
-unit (nix/lib/router-unit.nix) with its triggers as NixOS renders reloadTriggers/restartTriggers
-([Unit] X-Reload-Triggers / X-Restart-Triggers), each instance's unit (nix/lib/service-unit.nix
-through tests/nix_unit.py) with the [Service] X-RestartIfChanged=false NixOS writes for
-restartIfChanged = false, and dflash-rollout.service (nix/lib/rollout-unit.nix) for upgrade =
-"rolling". A trigger list stands for the store path NixOS writes it to: equal exactly when it is.
+For the tests of what `nixos-rebuild switch` does (tests/nixos_switch.py has the rule). `host_units`:
+the host's configuration through nix/module.nix itself, evaluated by tests/nix/harness/nixos-lite.nix
+(tests/nix/harness/host-units.nix), every dflash unit as NixOS writes it from its systemd.services
+entry: the router's with its triggers ([Unit] X-Reload-Triggers / X-Restart-Triggers), each
+instance's with the Environment= lines NixOS makes of `path` and systemd.globalEnvironment and,
+for upgrade = "rolling", X-RestartIfChanged=false, and dflash-rollout.service. A trigger list stands
+for the store path NixOS writes it to: equal exactly when it is. `nixos_router_unit`: the router's
+unit from nix/lib/router-unit.nix's functions alone.
 """
 
 import json
+import subprocess
 from pathlib import Path
 
 import nix_unit
 from conftest import nix_or_skip
 from dflashctl.operations import router
-from nixeval import eval_expr, unit_sections
+from nixeval import eval_expr, nix_env, unit_sections
 
 REPO = Path(__file__).resolve().parent.parent
 ROUTER_LIB = REPO / "nix" / "lib" / "router-unit.nix"
-ROLLOUT_LIB = REPO / "nix" / "lib" / "rollout-unit.nix"
-SERVICE_LIB = REPO / "nix" / "lib" / "service-unit.nix"
+SERVICE_ENTRY = REPO / "nix" / "lib" / "service-entry.nix"
+HOST_UNITS = REPO / "tests" / "nix" / "harness" / "host-units.nix"
 
 
 def router_options(given: dict) -> dict:
@@ -42,18 +45,16 @@ def nix_router(given: dict, instances: dict) -> dict:
 
 def nixos_router_unit(given: dict, instances: dict, python: str = "/nix/store/r-router-env/bin/python",
                       dflashctl: str = "/nix/store/d-dflashctl/bin/dflashctl") -> dict:
-    """dflash-router.service as NixOS writes it from the module's data: nix/lib/router-unit.nix's
-    directives for `instances` (name -> options) and services.dflash.router `given`, and its
-    triggers as NixOS renders reloadTriggers/restartTriggers ([Unit] X-Reload-Triggers /
-    X-Restart-Triggers)."""
+    """dflash-router.service as NixOS writes it from nix/lib/router-unit.nix's entry for `instances`
+    (name -> options) and services.dflash.router `given`: its directives, and its triggers as NixOS
+    renders reloadTriggers/restartTriggers ([Unit] X-Reload-Triggers / X-Restart-Triggers)."""
     full = {n: nix_unit.full_options(n, o) for n, o in instances.items()}
-    lib = ROUTER_LIB
-    expr = (f"let r = import {lib}; o = builtins.fromJSON {json.dumps(json.dumps(router_options(given)))};"
-            f" i = builtins.fromJSON {json.dumps(json.dumps(full))}; s = r.settings o i;"
-            f' d = r.directives {{ settings = s; dflashctl = "{dflashctl}"; python = "{python}";'
-            ' settingsFile = "/etc/dflash-router.json"; }; t = r.triggers s; in'
-            ' { Unit = d.Unit // { X-Reload-Triggers = t.reload; X-Restart-Triggers = t.restart; };'
-            ' Service = d.Service; }')
+    expr = (f"let r = import {ROUTER_LIB}; e = import {SERVICE_ENTRY};"
+            f" o = builtins.fromJSON {json.dumps(json.dumps(router_options(given)))};"
+            f" i = builtins.fromJSON {json.dumps(json.dumps(full))};"
+            f' w = e.written (r.entry {{ settings = r.settings o i; dflashctl = "{dflashctl}";'
+            f' python = "{python}"; settingsFile = "/etc/dflash-router.json"; }});'
+            " in { inherit (w) Unit Service; }")
     return unit_sections(nix_or_skip(), expr)
 
 
@@ -66,49 +67,42 @@ def _parsed(d: dict) -> dict[str, dict[str, list[str]]]:
     return {sec: {k: _lines(v) for k, v in vals.items()} for sec, vals in d.items()}
 
 
-def settings_path(name: str, settings: dict) -> str:
-    """The store path pkgs.writeText gives an instance's settings: it changes with what it holds."""
-    import hashlib
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:32]
-    return f"/nix/store/{digest}-dflash-{name}.json"
+def host_config(instances: dict, router_given: dict | None, upgrade: str, rollout: dict | None = None,
+                **more) -> dict:
+    """A host's configuration as JSON: services.dflash with `instances` (name -> options as a host
+    writes them), the router when `router_given` is not None, `upgrade`, services.dflash.rollout;
+    `more`: other top-level definitions (systemd, ...)."""
+    dflash = {"instances": instances, "upgrade": upgrade, "rollout": rollout or {}}
+    if router_given is not None:
+        dflash["router"] = {"enable": True, **router_given}
+    return {"services": {"dflash": dflash}, **more}
+
+
+def evaluate_host(host: dict, packages: dict | None = None) -> dict:
+    """unit name -> {section: {directive: value}} as NixOS writes each dflash unit of `host` (a
+    configuration as JSON); `packages`: store paths of the packages the module defaults to
+    (dflash-env, dflashctl, dflashHostCompiler, dflash-router-env). NixOS's failed assertions fail."""
+    nix_or_skip()
+    r = subprocess.run(["nix-instantiate", "--eval", "--strict", "--json", str(HOST_UNITS),
+                        "--argstr", "hostJSON", json.dumps(host), "--argstr", "packagesJSON",
+                        json.dumps(packages or {})], capture_output=True, text=True, env=nix_env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["failedAssertions"] == [], out["failedAssertions"]
+    return out["units"]
 
 
 def host_units(instances: dict, router_given: dict | None, upgrade: str,
                python: str = "/nix/store/e1-dflash-env/bin/python",
                dflashctl: str = "/nix/store/d1-dflashctl/bin/dflashctl", rollout: dict | None = None) -> dict:
-    """unit name -> the unit as NixOS writes it, for a host with `instances` (name -> options), the
-    router when `router_given` is not None, and services.dflash.upgrade `upgrade`."""
-    full = {n: nix_unit.full_options(n, o) for n, o in instances.items()}
-    files = {n: settings_path(n, o) for n, o in full.items()}
-    result = nix_unit.evaluate_many([{"instances": full, "python": python, "dflashctl": dflashctl,
-                                      "settingsFiles": files}])[0][0]
-    assert result["failedAssertions"] == [], result["failedAssertions"]
-    units, directives = {}, {}
-    for name, got in result["units"].items():
-        d = got["directives"]
-        directives[name] = d
-        unit = _parsed({"Unit": d["Unit"], "Service": d["Service"]})
-        if upgrade == "rolling":  # restartIfChanged = false, as systemd-lib.nix's serviceToUnit writes it
-            unit["Service"]["X-RestartIfChanged"] = ["false"]
-        units[f"dflash-{name}.service"] = unit
-    if router_given is not None:
-        units["dflash-router.service"] = nixos_router_unit(router_given, instances, dflashctl=dflashctl)
-    if upgrade == "rolling":
-        units["dflash-rollout.service"] = rollout_unit(full, directives, rollout or {}, router_given is not None,
-                                                       dflashctl)
-    return units
+    """unit name -> the unit as NixOS writes it, parsed as tests/nixos_switch.py reads it ([Install]
+    left out), for a host with `instances` (name -> options), the router when `router_given` is not
+    None, and services.dflash.upgrade `upgrade`."""
+    packages = {"dflash-env": python.removesuffix("/bin/python"),
+                "dflashctl": dflashctl.removesuffix("/bin/dflashctl")}
+    return parsed(evaluate_host(host_config(instances, router_given, upgrade, rollout), packages))
 
 
-def rollout_unit(full: dict, directives: dict, rollout: dict, router_on: bool, dflashctl: str) -> dict:
-    """dflash-rollout.service from nix/lib/rollout-unit.nix, its restartTriggers as NixOS writes them."""
-    options = {"batch": 1, "healthyForSec": 10, "requireIdentical": False, **rollout}
-    instances_file = settings_path("instances", full)
-    router_file = '"/etc/dflash-router.json"' if router_on else "null"
-    args = {"full": full, "directives": directives, "options": options}
-    expr = (f"let r = import {ROLLOUT_LIB}; a = builtins.fromJSON {json.dumps(json.dumps(args))};"
-            f' d = r.directives {{ dflashctl = "{dflashctl}"; instancesFile = "{instances_file}";'
-            f" routerSettingsFile = {router_file}; instances = a.full; instanceDirectives = a.directives;"
-            " rollout = a.options; };"
-            " in { Unit = d.Unit // { X-Restart-Triggers = d.restartTriggers; }; Service = d.Service; }")
-    return _parsed(eval_expr(nix_or_skip(), expr))
-
+def parsed(units: dict) -> dict:
+    """`evaluate_host`'s units as tests/nixos_switch.py reads unit files (values as lines, no [Install])."""
+    return {name: _parsed({k: v for k, v in u.items() if k != "Install"}) for name, u in units.items()}

@@ -1,7 +1,7 @@
 # The router in front of a host's instances as systemd sees it, builtins only: the directives of
 # dflash-router.service from the data file `dflashctl router-unit` renders from
 # (python/dflashctl/operations/data/router-unit.json), the router settings file for a host's
-# instances and the refusals that need no package, for nix/module.nix's services.dflash.router.
+# instances and the refusals that need no package, for nix/modules/router.nix (services.dflash.router).
 # Tier 1 (tests/operations/test_router.py) evaluates it with plain `nix eval` and compares the settings with
 # `dflashctl router-unit`'s and the directives, directive by directive, with its unit.
 #
@@ -24,7 +24,10 @@ let
     ;
 
   unitText = import ./unit-text.nix;
-  data = builtins.fromJSON (builtins.readFile ../../python/dflashctl/operations/data/router-unit.json);
+  serviceEntry = import ./service-entry.nix;
+  data = builtins.fromJSON (
+    builtins.readFile ../../python/dflashctl/operations/data/router-unit.json
+  );
   # The sandbox's hidden directories and the credential fallback: one text for both units.
   serviceData = builtins.fromJSON (
     builtins.readFile ../../python/dflashctl/service/data/service-unit.json
@@ -125,7 +128,7 @@ let
       )
     );
 in
-{
+rec {
   inherit data;
 
   # The router settings file in front of `instances` (the enabled ones: name -> options), from
@@ -206,8 +209,8 @@ in
   # What a running router takes without a restart: `systemctl reload` (ExecReload, `dflashctl
   # router --sync`) makes its workers the settings' workers through the admin API. Everything else
   # in the settings it reads at start. instanceUnits (which unit serves which worker, for tools)
-  # neither reads, so it triggers nothing. nix/module.nix gives these as the unit's reloadTriggers
-  # and restartTriggers: NixOS restarts a unit whose file changed, unless only X-Reload-Triggers did.
+  # neither reads, so it triggers nothing. `entry` gives these as the unit's reloadTriggers and
+  # restartTriggers: NixOS restarts a unit whose file changed, unless only X-Reload-Triggers did.
   triggers = settings: {
     reload = [ (builtins.toJSON settings.workers) ];
     restart = [
@@ -254,5 +257,15 @@ in
           removeAttrs data.ipAddress (filter (k: match "_.*" k != null) (builtins.attrNames data.ipAddress))
         );
       Install = data.install;
+    };
+
+  # The whole systemd.services entry of dflash-router.service (nix/modules/router.nix defines
+  # nothing else for it): the directives and the triggers. Same arguments as `directives`.
+  entry =
+    args:
+    serviceEntry.fromSections (directives args)
+    // {
+      reloadTriggers = (triggers args.settings).reload;
+      restartTriggers = (triggers args.settings).restart;
     };
 }

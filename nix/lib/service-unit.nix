@@ -1,8 +1,9 @@
 # One dflash instance as systemd sees it, builtins only: the settings file's content, the unit's
 # directives (from the data file `dflashctl unit` renders from), the refusals and warnings that need
-# no package, and the tmpfiles line of a static user's cache. nix/module.nix only wires these into
-# NixOS; tier 1 (tests/nix/test_unit_nix.py) evaluates them with plain `nix eval` and compares each unit,
-# directive by directive, with `dflashctl unit`'s.
+# no package, the tmpfiles line of a static user's cache, and the unit's whole systemd.services entry
+# with its digest. nix/modules/instances.nix only wires these into NixOS; tier 1
+# (tests/nix/test_unit_nix.py) evaluates them with plain `nix eval` and compares each unit, directive
+# by directive, with `dflashctl unit`'s.
 #
 # An instance is the attribute set of its option values (every option set, as the module passes
 # them); `user` and `group` (module-only) may be missing, which means DynamicUser.
@@ -17,7 +18,6 @@ let
     genList
     groupBy
     isAttrs
-    isBool
     isList
     isString
     length
@@ -28,6 +28,7 @@ let
     ;
 
   unitText = import ./unit-text.nix;
+  serviceEntry = import ./service-entry.nix;
   readJSON = path: builtins.fromJSON (builtins.readFile path);
   data = readJSON ../../python/dflashctl/service/data/service-unit.json;
   texts = readJSON ../../python/dflashctl/service/data/warnings.json;
@@ -112,19 +113,6 @@ let
         v
     ) (if cacheOf i == null then { } else cacheOf i);
 
-  renderValue = v: if isBool v then (if v then "true" else "false") else toString v;
-
-  section =
-    title: directives:
-    [ "[${title}]" ]
-    ++ concatMap (
-      k:
-      let
-        v = directives.${k};
-      in
-      map (line: "${k}=${renderValue line}") (if isList v then v else [ v ])
-    ) (attrNames directives);
-
   # A hub model not pinned to a commit (validate.revision_warnings says the same).
   revisionWarnings =
     name: key: model: rev:
@@ -170,8 +158,9 @@ rec {
         // i.environment;
       };
 
-  # { Unit, Service, Install }: directive -> value (a list is one line per element). `dflashctl`,
-  # `python` and `settingsFile` are the absolute paths ExecStart runs.
+  # { Unit, Service, Install }: directive -> value (a list is one line per element), what
+  # `dflashctl unit` writes but its digest line. `dflashctl`, `python` and `settingsFile` are the
+  # absolute paths ExecStart runs.
   directives =
     {
       name,
@@ -182,24 +171,18 @@ rec {
     }:
     let
       i = instance;
-      d = {
-        Unit = {
-          Description = unitText.specifiers (
-            unitText.fill data.description {
-              inherit name;
-              inherit (i) model;
-            }
-          );
-        }
-        // data.unit;
-        Service = service;
-        Install = data.install;
-      };
-      # What the unit runs, as one value (dflashctl's unit.definition_digest, over the same JSON):
-      # the running process carries it in its environment, the unit the current one. The settings
-      # are in it through settingsFile, a store path that changes with them.
-      digest = builtins.substring 0 16 (builtins.hashString "sha256" (builtins.toJSON d));
-      service =
+    in
+    {
+      Unit = {
+        Description = unitText.specifiers (
+          unitText.fill data.description {
+            inherit name;
+            inherit (i) model;
+          }
+        );
+      }
+      // data.unit;
+      Service =
         data.service
         // {
           ExecStart = unitText.commandLine [
@@ -221,25 +204,61 @@ rec {
           }
           // optionalAttrs ((i.group or null) != null) { Group = i.group; }
         );
-    in
-    d
-    // {
-      Service = service // {
-        Environment = service.Environment ++ [ "DFLASH_UNIT_DIGEST=${digest}" ];
-      };
+      Install = data.install;
     };
 
-  # The unit file of `directives`, lines sorted by key within a section (as NixOS writes them).
-  render =
-    d:
-    concatStringsSep "\n" (
-      section "Unit" d.Unit
-      ++ [ "" ]
-      ++ section "Service" d.Service
-      ++ [ "" ]
-      ++ section "Install" d.Install
-    )
-    + "\n";
+  # The whole systemd.services entry of instance `name`: the directives, `path` (packages whose
+  # bin/ NixOS puts on the unit's PATH) and, in its Environment=, the digest of what the unit runs
+  # (dflashctl's unit.definition_digest, the same rule): the running process carries it, the unit
+  # the current one, and a rollout restarts an instance whose two differ. The digest covers the
+  # unit file as NixOS writes it from this entry, so what NixOS itself writes into it is in it
+  # too; `nixos` is that, read back from the host's configuration (nix/modules/shared.nix):
+  #   environment        the entry's final `environment`: PATH, which NixOS makes of `path` and
+  #                      its own default tools, and anything a host adds
+  #   restartIfChanged   written as X-RestartIfChanged (nix/modules/rollout.nix decides it)
+  #   globalEnvironment  systemd.globalEnvironment, which NixOS writes into every unit
+  #                      (LOCALE_ARCHIVE, TZDIR, ...)
+  # The settings are in it through settingsFile, a store path that changes with them; the stack
+  # through `python`. A host's own definitions of other keys of the unit are not (docs/nix.md).
+  entry =
+    {
+      name,
+      instance,
+      dflashctl,
+      python,
+      settingsFile,
+      path,
+      nixos,
+    }:
+    let
+      own =
+        serviceEntry.fromSections (directives {
+          inherit
+            name
+            instance
+            dflashctl
+            python
+            settingsFile
+            ;
+        })
+        // {
+          inherit path;
+        };
+      unit = serviceEntry.written (
+        own
+        // {
+          environment = nixos.globalEnvironment // nixos.environment;
+          inherit (nixos) restartIfChanged;
+        }
+      );
+      digest = substring 0 data.digest.hexDigits (builtins.hashString "sha256" (builtins.toJSON unit));
+    in
+    own
+    // {
+      serviceConfig = own.serviceConfig // {
+        Environment = own.serviceConfig.Environment ++ [ "${data.digest.variable}=${digest}" ];
+      };
+    };
 
   # NixOS assertions ({ assertion, message }) of one instance, each naming its option.
   assertions =

@@ -80,38 +80,56 @@ def test_an_unknown_option_is_refused():
     assert f"{OPT}.a.prot' does not exist" in str(e.value)
 
 
-def test_the_wiring_carries_the_pure_directives():
-    """systemd.services.dflash-a is nix/lib/service-unit.nix's unit, piece for piece."""
+def test_the_wiring_carries_the_pure_entry():
+    """systemd.services.dflash-a is nix/lib/service-unit.nix's entry, whole, and its digest is
+    dflashctl's rule over the unit NixOS writes from it (what NixOS adds included)."""
     instances = {"a": {**QWEN, "apiKeyFile": "/run/k", "cacheDir": "/var/cache/hf", "user": "svc"}}
     got = evaluate(instances)["services"]["dflash-a"]
     full = {"a": nix_unit.full_options("a", instances["a"])}
-    want = nix_unit.evaluate_many([{"instances": full, "dflashctl": got["serviceConfig"]["ExecStart"].split()[0],
-                                    "python": got["serviceConfig"]["ExecStart"].split()[-1]}])[0][0]
-    d = want["units"]["a"]["directives"]
-    service = dict(got["serviceConfig"])
-    exec_start = service.pop("ExecStart")
-    settings = exec_start.split()[3]
-    digest = [e for e in service["Environment"] if e.startswith("DFLASH_UNIT_DIGEST=")]
-    service["Environment"] = [e for e in service["Environment"] if e not in digest]
-    want_service = {k: v for k, v in d["Service"].items() if k != "ExecStart"}
-    want_service["Environment"] = [e for e in want_service["Environment"] if not e.startswith("DFLASH_UNIT_DIGEST=")]
-    assert service == want_service
-    # the digest covers the unit as the module renders it, its store path of the settings included
-    from dflashctl.service.unit import definition_digest
-    unit_section = {"Description": got["description"], "After": got["after"], "Before": got["before"],
-                    "Wants": got["wants"],
-                    **got["unitConfig"]}
-    assert digest == ["DFLASH_UNIT_DIGEST=" + definition_digest(
-        unit_section, {**service, "Environment": service["Environment"], "ExecStart": exec_start},
-        {"WantedBy": got["wantedBy"]}, None)]
-    assert settings.endswith("-dflash-a.json")
-    assert got["description"] == d["Unit"]["Description"]
-    assert got["after"] == d["Unit"]["After"] and got["wants"] == d["Unit"]["Wants"]
-    assert got["before"] == d["Unit"]["Before"] == ["dflash-router.service"]
-    assert got["wantedBy"] == d["Install"]["WantedBy"]
-    assert got["unitConfig"] == {k: v for k, v in d["Unit"].items()
-                                 if k not in ("Description", "After", "Wants", "Before")}
+    exec_start = got["serviceConfig"]["ExecStart"].split()
+    want = nix_unit.evaluate_many([{
+        "instances": full, "dflashctl": exec_start[0], "python": exec_start[-1],
+        "settingsFiles": {"a": exec_start[3]}, "path": got["path"],
+        "nixos": {"restartIfChanged": got["restartIfChanged"]}}])[0][0]["units"]["a"]["entry"]
+    assert exec_start[3].endswith("-dflash-a.json")
     assert got["path"] == ["/nix/store/00000000000000000000000000000000-gcc-wrapper"]
+    assert got["environment"] == {"PATH": f"{got['path'][0]}/bin:{got['path'][0]}/sbin"}  # NixOS's, from path
+    for key in ("description", "after", "wants", "before", "wantedBy", "unitConfig", "serviceConfig", "path"):
+        assert got[key] == want[key], key
+    assert got["before"] == ["dflash-router.service"]
+    from dflashctl.service.unit import definition_digest
+    unit, digest = nix_unit.without_digest(nix_unit.nixos_written(got))
+    assert digest == definition_digest(unit)
+
+
+HOST_CHANGES = [
+    ("a host's environment variable", "{ systemd.services.dflash-a.environment.NCCL_DEBUG = \"INFO\"; }"),
+    ("a host's path", "{ systemd.services.dflash-a.path = [ \"/opt/tools\" ]; }"),
+    ("systemd.globalEnvironment", "{ systemd.globalEnvironment.TZDIR = \"/nix/store/tzdata-2\"; }"),
+    ("restartIfChanged", "{ services.dflash.upgrade = \"rolling\"; }"),
+    ("the host compiler", "{ services.dflash.hostCompilerPackage = { type = \"derivation\"; name = \"gcc\";"
+                          " outPath = \"/nix/store/22222222222222222222222222222222-gcc\"; }; }"),
+    ("the stack", "{ services.dflash.package = { type = \"derivation\"; name = \"env\";"
+                  " outPath = \"/nix/store/22222222222222222222222222222222-dflash-env\"; }; }"),
+    ("a directive's setting", "{ services.dflash.instances.a.startTimeoutSec = 60; }"),
+]
+
+
+def test_whatever_a_host_changes_in_a_unit_changes_its_digest():
+    """What NixOS writes into an instance's unit beside the module's entry (PATH from `path`, a
+    host's variables, systemd.globalEnvironment, X-RestartIfChanged) is under its digest, through
+    the real module system: each change alone gives another digest, and every digest is
+    dflashctl's rule over the unit as written."""
+    from dflashctl.service.unit import definition_digest
+    seen = {}
+    for what, host in [("nothing", None), ("nothing, again", "{ }")] + HOST_CHANGES:
+        out = evaluate({"a": QWEN}, host)
+        got = out["services"]["dflash-a"]
+        unit, digest = nix_unit.without_digest(nix_unit.nixos_written(got, out["globalEnvironment"]))
+        assert digest == definition_digest(unit), what
+        seen[what] = digest
+    assert seen["nothing"] == seen["nothing, again"]
+    assert len(set(seen.values())) == len(HOST_CHANGES) + 1, seen
 
 
 def test_a_hosts_definitions_win_over_the_modules():

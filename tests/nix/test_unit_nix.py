@@ -1,6 +1,6 @@
 """The NixOS module's units, refusals and warnings, proven without nixpkgs.
 
-nix/lib/service-unit.nix decides everything nix/module.nix hands to NixOS for an instance; here it
+nix/lib/service-unit.nix decides everything the module hands to NixOS for an instance; here it
 is evaluated with plain Nix (tests/nix_unit.py) over many configurations and the hostile values of
 tests/service/test_unit_text.py, and compared with dflashctl's own rendering:
 - every valid configuration: each unit directive by directive with `dflashctl unit`'s (plus the
@@ -190,12 +190,12 @@ def test_unit_equals_dflashctl_unit(case, valid_results, paths):
         nix_sections, nix_digest = split_digest(sections(got["text"]))
         python_sections, python_digest = split_digest(python_unit(name, options, paths))
         assert nix_sections == python_sections, name
-        # Both renderers hash with one function: the module's digest is dflashctl's over the
-        # module's directives (its settings file is a store path: no settings of their own).
-        d = got["directives"]
-        service = {**d["Service"], "Environment": [e for e in d["Service"]["Environment"]
+        # Both renderers hash with one function: the module's digest is dflashctl's over the unit
+        # as NixOS writes it (its settings file is a store path: no settings of their own).
+        w = got["written"]
+        service = {**w["Service"], "Environment": [e for e in w["Service"]["Environment"]
                                                    if not e.startswith("DFLASH_UNIT_DIGEST=")]}
-        assert nix_digest == unit.definition_digest(d["Unit"], service, d["Install"], None), name
+        assert nix_digest == unit.definition_digest({**w, "Service": service}), name
         assert python_digest != nix_digest  # dflashctl's covers the settings file's content too
         # the settings file is read back by dflashctl as the configuration that was written
         settings = config.from_dict(got["settings"])
@@ -403,6 +403,8 @@ def test_module_declares_dflashctls_settings_with_its_defaults(declared):
     assert options["grammarBackend"]["values"] == list(config.GRAMMAR_BACKENDS)
     assert declared["top"] == sorted(["package", "dflashctlPackage", "hostCompilerPackage", "kernelsPackage",
                                       "instances", "router", "upgrade", "rollout", "prometheus", "grafana"])
+    every = [name for names in declared["byModule"] for name in names]
+    assert sorted(every) == declared["top"]  # each declared by one module alone
     assert declared["kernels"] == {"type": "nullOr", "default": None, "hasDefault": True, "values": None}
 
 
@@ -432,14 +434,26 @@ def test_module_declares_the_routers_settings_with_their_defaults(declared):
 
 
 def test_module_holds_declarations_and_wiring_only():
-    """What decides a unit lives in nix/lib/service-unit.nix, where tier 1 reaches it."""
-    text = (REPO / "nix" / "module.nix").read_text()
+    """What decides a unit lives in nix/lib/, where tier 1 reaches it; nix/module.nix only imports
+    one module per concern, each its options first, then its configuration."""
+    modules = REPO / "nix" / "modules"
+    text = "".join(p.read_text() for p in sorted(modules.glob("*.nix")))
     for needle in ("service-unit.json", "warnings.json", "controlProblem s.value", "cacheDirProblem",
-                   "commandLine", "fill "):
+                   "commandLine", "fill ", "hashString"):
         assert needle not in text, needle
-    for wiring in ("serviceUnit.directives", "serviceUnit.assertions", "serviceUnit.warnings",
-                   "serviceUnit.tmpfiles", "serviceUnit.settings", "serviceUnit.sharedCacheAssertions"):
+    for wiring in ("serviceUnit.entry", "serviceUnit.assertions", "serviceUnit.warnings",
+                   "serviceUnit.tmpfiles", "serviceUnit.settings", "serviceUnit.sharedCacheAssertions",
+                   "routerUnit.entry", "rolloutUnit.entry"):
         assert wiring in text, wiring
+    entry = (REPO / "nix" / "module.nix").read_text()
+    imports = re.search(r"imports = \[(.*?)\];", entry, re.S).group(1)
+    imported = re.findall(r"\./modules/([a-z-]+\.nix)", imports)
+    assert sorted(imported) == sorted(p.name for p in modules.glob("*.nix") if p.name != "shared.nix")
+    for name in imported:
+        body = (modules / name).read_text()
+        assert len(body.splitlines()) <= 200, name
+        if "options." in body:  # options before config
+            assert body.index("options.") < body.index("config = "), name
 
 
 # --- the NixOS VM test (checks.nixos-vm), evaluated offline ------------------------------------------

@@ -1,6 +1,6 @@
 """services.dflash.upgrade = "rolling": dflash-rollout.service from nix/lib/rollout-unit.nix, without nixpkgs.
 
-The pure function is evaluated with plain Nix over the module's own instance directives
+The pure function is evaluated with plain Nix over the module's own instance entries
 (nix/lib/service-unit.nix, through tests/nix_unit.py): its command line must be one dflashctl's
 own parser accepts with the settings asked for, its triggers must change exactly when an
 instance's unit does, and systemd must accept the unit. The option declarations are read offline
@@ -22,12 +22,14 @@ from nixeval import eval_json, nix_env
 REPO = Path(__file__).resolve().parent.parent.parent
 ROLLOUT = REPO / "nix" / "lib" / "rollout-unit.nix"
 SERVICE = REPO / "nix" / "lib" / "service-unit.nix"
+ENTRY = REPO / "nix" / "lib" / "service-entry.nix"
 QWEN = {"model": "Qwen/Qwen3-8B", "draftModel": "z-lab/Qwen3-8B-DFlash-b16",
         "speculative": {"algorithm": "DFLASH"}}
 
 
 def rollout_unit(instances: dict, rollout: dict, router: bool = True, dflashctl: str = "/opt/dflash/bin/dflashctl") -> dict:
-    """The rollout unit's directives for `instances` as a host writes them (unset options defaulted)."""
+    """The rollout unit as NixOS writes it ({ Unit, Service, Install }) for `instances` as a host
+    writes them (unset options defaulted), and its restartTriggers."""
     nix_or_skip()
     full = {n: nix_unit.full_options(n, o) for n, o in instances.items()}
     expr = f"""
@@ -35,19 +37,22 @@ def rollout_unit(instances: dict, rollout: dict, router: bool = True, dflashctl:
         r = import {ROLLOUT};
         s = import {SERVICE};
         instances = builtins.fromJSON {json.dumps(json.dumps(full))};
-      in r.directives {{
-        dflashctl = "{dflashctl}";
-        instancesFile = "/nix/store/00000000000000000000000000000000-dflash-instances.json";
-        routerSettingsFile = {'"/etc/dflash-router.json"' if router else "null"};
-        inherit instances;
-        instanceDirectives = builtins.mapAttrs (name: i: s.directives {{
-          inherit name; instance = i; dflashctl = "{dflashctl}"; python = "/opt/env/bin/python";
-          # as pkgs.writeText's store path: it changes with the settings it holds
-          settingsFile = "/nix/store/${{builtins.substring 0 32 (builtins.hashString "sha256"
-            (builtins.toJSON (s.settings name i)))}}-dflash-${{name}}.json";
-        }}) instances;
-        rollout = builtins.fromJSON {json.dumps(json.dumps(rollout))};
-      }}"""
+        entry = r.entry {{
+          dflashctl = "{dflashctl}";
+          instancesFile = "/nix/store/00000000000000000000000000000000-dflash-instances.json";
+          routerSettingsFile = {'"/etc/dflash-router.json"' if router else "null"};
+          inherit instances;
+          instanceEntries = builtins.mapAttrs (name: i: s.entry {{
+            inherit name; instance = i; dflashctl = "{dflashctl}"; python = "/opt/env/bin/python";
+            # as pkgs.writeText's store path: it changes with the settings it holds
+            settingsFile = "/nix/store/${{builtins.substring 0 32 (builtins.hashString "sha256"
+              (builtins.toJSON (s.settings name i)))}}-dflash-${{name}}.json";
+            path = [ "/opt/gcc" ];
+            nixos = {{ environment = {{ }}; restartIfChanged = false; globalEnvironment = {{ }}; }};
+          }}) instances;
+          rollout = builtins.fromJSON {json.dumps(json.dumps(rollout))};
+        }};
+      in (import {ENTRY}).written entry // {{ inherit (entry) restartTriggers; }}"""
     r = subprocess.run(["nix", "eval", "--json", "--impure", "--expr", expr], capture_output=True, text=True,
                        env=nix_env(), timeout=120)
     assert r.returncode == 0, r.stderr
@@ -171,3 +176,118 @@ def test_rolling_an_instance_added_is_started_and_the_router_reloaded():
     done = switch(old, new, {"dflash-a.service", "dflash-router.service"})
     assert done == {"dflash-a.service": "nothing", "dflash-b.service": "start",
                     "dflash-router.service": "reload", "dflash-rollout.service": "start"}
+
+
+# --- the digest: every change to an instance's unit is rolled out ------------------------------------
+
+def digest_of(unit: dict) -> str:
+    """DFLASH_UNIT_DIGEST= of a unit's Environment= lines (what `systemctl show` reports)."""
+    found = [e.split("=", 1)[1] for e in unit["Service"]["Environment"] if e.startswith("DFLASH_UNIT_DIGEST=")]
+    assert len(found) == 1, unit["Service"]["Environment"]
+    return found[0]
+
+
+LOCALES = {"LOCALE_ARCHIVE": "/nix/store/l1-glibc-locales/lib/locale/locale-archive"}
+ENTRY_CASE = {"path": ["/nix/store/c1-gcc-wrapper"], "python": "/nix/store/e1-dflash-env/bin/python",
+              "dflashctl": "/nix/store/d1-dflashctl/bin/dflashctl",
+              "settingsFiles": {"a": "/nix/store/s1-dflash-a.json"},
+              "nixos": {"environment": {}, "restartIfChanged": False, "globalEnvironment": LOCALES}}
+# Each changes one field of the instance's entry, or one thing NixOS writes into its unit beside it.
+ENTRY_CHANGES = {
+    "a directive (TimeoutStartSec)": ({"startTimeoutSec": 60}, {}),
+    "a directive only a static user has (User=)": ({"user": "svc"}, {}),
+    "the description (the model)": ({"model": "Qwen/Qwen3-14B"}, {}),
+    "path": ({}, {"path": ["/nix/store/c2-gcc-wrapper"]}),
+    "the stack's store path": ({}, {"python": "/nix/store/e2-dflash-env/bin/python"}),
+    "dflashctl's store path": ({}, {"dflashctl": "/nix/store/d2-dflashctl/bin/dflashctl"}),
+    "the settings file's store path": ({}, {"settingsFiles": {"a": "/nix/store/s2-dflash-a.json"}}),
+    "an environment variable": ({}, {"nixos": {**ENTRY_CASE["nixos"], "environment": {"NCCL_DEBUG": "INFO"}}}),
+    "systemd.globalEnvironment": ({}, {"nixos": {**ENTRY_CASE["nixos"],
+                                                 "globalEnvironment": {**LOCALES, "TZDIR": "/nix/store/t1"}}}),
+    "restartIfChanged": ({}, {"nixos": {**ENTRY_CASE["nixos"], "restartIfChanged": True}}),
+}
+
+
+def test_every_field_of_an_instances_unit_changes_its_digest():
+    """nix/lib/service-unit.nix's entry over one instance, then the same with one field changed, for
+    each field: every digest differs, and each is dflashctl's rule (unit.definition_digest) over the
+    unit NixOS writes, as tests/nix_unit.py states NixOS's rule apart from nix/lib/service-entry.nix."""
+    from dflashctl.service.unit import definition_digest
+    base = {"a": {**QWEN, "gpus": [0]}}
+    cases = [("nothing", {}, {}), ("nothing, again", {}, {})] + [(k, *v) for k, v in ENTRY_CHANGES.items()]
+    results, _ = nix_unit.evaluate_many([
+        {**ENTRY_CASE, **case, "instances": {"a": nix_unit.full_options("a", {**base["a"], **options})}}
+        for _, options, case in cases])
+    digests = {}
+    for (what, _, case), result in zip(cases, results):
+        assert result["failedAssertions"] == [], what
+        got = result["units"]["a"]
+        nixos = {**ENTRY_CASE, **case}["nixos"]
+        path = {**ENTRY_CASE, **case}["path"]
+        completed = {**got["entry"], "restartIfChanged": nixos["restartIfChanged"],
+                     "environment": {"PATH": ":".join([f"{p}/bin" for p in path] + [f"{p}/sbin" for p in path]),
+                                     **nixos["environment"]}}
+        written = nix_unit.nixos_written(completed, nixos["globalEnvironment"])
+        assert written == got["written"], what
+        unit, digest = nix_unit.without_digest(written)
+        assert digest == definition_digest(unit), what
+        digests[what] = digest
+    assert digests.pop("nothing, again") == digests["nothing"]
+    assert len(set(digests.values())) == len(digests), digests
+
+
+class SwitchedHost:
+    """systemd on a host just switched from `old` to `new` units (tests/nix/harness/host-units.nix),
+    its instances left running by the switch: each unit reports the new definition's digest, each
+    main process carries the one it was started with (rollout_plan.freshness reads both)."""
+
+    def __init__(self, old: dict, new: dict):
+        self.old, self.new = old, new
+        self.pids = {unit: pid for pid, unit in enumerate(sorted(new), start=100)}
+
+    def show(self, unit: str):
+        from dflashctl.service.instance_control import UnitState
+        return UnitState(load="loaded", active="active", sub="running", result="success", exit_status=None,
+                         status_text="", invocation="1", restarts=0, main_pid=self.pids[unit], need_reload=False,
+                         digest=digest_of(self.new[unit]))
+
+    def running_digest(self, state) -> str:
+        [unit] = [u for u, pid in self.pids.items() if pid == state.main_pid]
+        return digest_of(self.old[unit])
+
+
+GLOBAL = {**LOCALES, "TZDIR": "/nix/store/t1/zoneinfo"}
+# what changes: (the host's systemd definitions, packages' store paths, the instances it changes)
+SWITCH_CHANGES = {
+    "nothing": ({}, {}, set()),
+    "a host's variable in a's unit": ({"services": {"dflash-a": {"environment": {"NCCL_DEBUG": "INFO"}}}}, {}, {"a"}),
+    "a host's path in a's unit": ({"services": {"dflash-a": {"path": ["/opt/tools"]}}}, {}, {"a"}),
+    "systemd.globalEnvironment (tzdata)": ({"globalEnvironment": {**GLOBAL, "TZDIR": "/nix/store/t2/zoneinfo"}}, {},
+                                           {"a", "b"}),
+    "the host compiler (path)": ({}, {"dflashHostCompiler": "/nix/store/c2-gcc-wrapper"}, {"a", "b"}),
+    "the stack": ({}, {"dflash-env": "/nix/store/e2-dflash-env"}, {"a", "b"}),
+}
+
+
+@pytest.mark.parametrize("change", list(SWITCH_CHANGES))
+def test_a_switch_that_changes_only_what_nixos_adds_is_rolled_out(change):
+    """The module itself through nixos-lite (tests/nixos_host.py), upgrade = "rolling": a switch
+    whose only change is something NixOS writes into an instance's unit beside the module's entry
+    (PATH from `path`, a host's variable, systemd.globalEnvironment) or a package leaves the
+    instances running and starts the rollout (tests/nixos_switch.py), and the rollout's own
+    decision (rollout_plan.freshness) restarts exactly the instances whose unit changed."""
+    import nixos_host
+    import nixos_switch
+    from dflashctl.operations import rollout_plan
+    from dflashctl.service import config
+    systemd, packages, changed = SWITCH_CHANGES[change]
+    systemd = {"globalEnvironment": GLOBAL, **systemd}
+    old = nixos_host.evaluate_host(nixos_host.host_config(TWO, {}, "rolling", systemd={"globalEnvironment": GLOBAL}))
+    new = nixos_host.evaluate_host(nixos_host.host_config(TWO, {}, "rolling", systemd=systemd), packages)
+    done = nixos_switch.switch(nixos_host.parsed(old), nixos_host.parsed(new), EVERYTHING - {"dflash-rollout.service"})
+    assert done["dflash-a.service"] == done["dflash-b.service"] == "nothing"  # left running, either way
+    assert done["dflash-rollout.service"] == "start"  # inactive between rollouts: every switch starts it
+    decided = {n: rollout_plan.freshness(config.from_dict(TWO[n], n), SwitchedHost(old, new)) for n in TWO}
+    assert {n for n, (needs, _) in decided.items() if needs} == changed, decided
+    for n, (needs, why) in decided.items():
+        assert why == ("runs an older definition of its unit" if needs else "runs its unit's current definition")

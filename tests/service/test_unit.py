@@ -1,5 +1,6 @@
 """`dflashctl unit`: golden units, `systemd-analyze verify`, the exposure score, and the shared data file."""
 
+import copy
 import json
 import re
 import shutil
@@ -32,6 +33,45 @@ def test_golden_unit(case):
     path = GOLDEN / f"dflash-{cfg.name}.service"
     update_golden(path, text)
     assert text == path.read_text()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_digest_covers_every_line_the_unit_writes(case, monkeypatch):
+    """What `dflashctl unit` hashes into DFLASH_UNIT_DIGEST is, line for line, what it writes into
+    the unit file but comments and the digest's own line (and the settings, whose file can change
+    under the same path); NixOS's unit follows the same rule (tests/operations/test_rollout_unit.py)."""
+    hashed = []
+    real = unit.definition_digest
+    monkeypatch.setattr(unit, "definition_digest",
+                        lambda written: hashed.append(copy.deepcopy(written)) or real(written))
+    cfg = config.from_dict(settings(case))
+    text = unit.render(cfg, f"/etc/dflash/{cfg.name}.json", "/opt/dflash/bin/dflashctl", systemd=256)
+    [written] = hashed
+    assert written["settings"] == config.to_dict(cfg)
+    lines = [line for line in text.splitlines()
+             if line and not line.startswith("#") and not line.startswith("DFLASH_UNIT_DIGEST=", len("Environment="))]
+    want = []
+    for section in ("Unit", "Service", "Install"):
+        want.append(f"[{section}]")
+        for key, value in written[section].items():
+            want += [f"{key}={unit._value(v)}" for v in (value if isinstance(value, list) else [value])]
+    assert lines == want
+    assert f"Environment=DFLASH_UNIT_DIGEST={real(written)}" in text.splitlines()
+
+
+def test_the_digest_changes_with_the_settings_and_the_systemd_version():
+    cfg = config.from_dict(settings("none"))
+
+    def digest(c, systemd=256, path="/etc/dflash/x.json"):
+        text = unit.render(c, path, "/opt/dflash/bin/dflashctl", systemd=systemd)
+        return re.search(r"^Environment=DFLASH_UNIT_DIGEST=([0-9a-f]+)$", text, re.M).group(1)
+    base = digest(cfg)
+    assert digest(cfg) == base and len(base) == unit.unit_data()["digest"]["hexDigits"]
+    other = config.from_dict({**settings("none"), "memFractionStatic": 0.5})
+    changed = {"a setting ExecStart does not show": digest(other),
+               "a directive older systemd lacks": digest(cfg, systemd=252),
+               "the settings path": digest(cfg, path="/etc/dflash/y.json")}
+    assert base not in changed.values() and len(set(changed.values())) == 3, changed
 
 
 def test_restart_prevent_matches_errors():
@@ -207,7 +247,7 @@ def test_restart_policy_on_systemd_before_254():
 
 def test_module_reads_the_same_file():
     """The module's units come from nix/lib/service-unit.nix, which reads this data file."""
-    assert "import ./lib/service-unit.nix" in (REPO / "nix" / "module.nix").read_text()
+    assert "import ../lib/service-unit.nix" in (REPO / "nix" / "modules" / "instances.nix").read_text()
     lib = (REPO / "nix" / "lib" / "service-unit.nix").read_text()
     assert "../../python/dflashctl/service/data/service-unit.json" in lib
 

@@ -127,7 +127,7 @@ def test_unit_path_rule_in_the_golden_file():
 
 @pytest.mark.nix
 def test_the_modules_exec_assertions_use_the_same_rule(tmp_path):
-    """service-unit.nix's and router-unit.nix's execAssertions (what module.nix adds for ExecStart)
+    """service-unit.nix's and router-unit.nix's execAssertions (what the module adds for ExecStart)
     refuse exactly what unit_path_problem refuses, with its text."""
     nix_or_skip()
     lib = Path(__file__).resolve().parent.parent.parent / "nix" / "lib"

@@ -5,7 +5,8 @@ view, polled with `systemctl show`: a Type=notify unit is `active` only once `df
 READY=1 (after a real decode), and a start that failed shows its exit status and the StatusText
 serve left (the preflight's failures with their fixes). Whether an instance runs its unit's current
 definition: each renderer (`dflashctl unit`, the NixOS module) puts DFLASH_UNIT_DIGEST, a digest of
-the unit's directives and settings, into its Environment=, so the running process carries the
+everything the unit file says (unit.definition_digest; on NixOS also what NixOS itself writes into
+it: PATH, systemd.globalEnvironment), into its Environment=, so the running process carries the
 digest of the definition it was started from (/proc/<MainPID>/environ) and the unit the current one.
 
 A command (`--restart-command`, hosts without systemd): run with {name} and {unit} filled in; it
@@ -21,8 +22,9 @@ import time
 from dataclasses import dataclass
 
 from dflashctl.errors import CONFIG, DflashError
+from dflashctl.service.unit_text import unit_data
 
-DIGEST_VAR = "DFLASH_UNIT_DIGEST"
+DIGEST_VAR = unit_data()["digest"]["variable"]
 _DIGEST_RE = re.compile(r"(?:^|\s)" + DIGEST_VAR + r"=([0-9a-f]+)")
 PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode",
               "StatusText", "InvocationID", "NRestarts", "MainPID", "NeedDaemonReload", "Environment",

@@ -1,6 +1,6 @@
 """`dflashctl unit --config FILE`: the systemd unit of one instance, for hosts without NixOS.
 
-The directives come from data/service-unit.json, the same file nix/module.nix reads, so the two
+The directives come from data/service-unit.json, the same file the NixOS module reads, so the two
 units cannot drift. One unit per instance (dflash-<name>.service), as instances are one per GPU set.
 """
 
@@ -20,9 +20,6 @@ from dflashctl.host import hub_cache
 from dflashctl.service import config, unit_paths, unit_text
 from dflashctl.service.instance_control import DIGEST_VAR
 from dflashctl.service.unit_text import unit_data
-
-DIGEST_LENGTH = 16  # hex digits: 64 bits tell two definitions of one unit apart
-
 
 def unit_name(cfg: config.InstanceConfig) -> str:
     return f"dflash-{cfg.name}.service"
@@ -104,16 +101,16 @@ def credentials(data: dict, pairs: list[tuple[str, str | None]]) -> dict:
             "SetCredential": [f"{cid}:{data['credentialFallback']}" for cid, _ in given]}
 
 
-def definition_digest(unit: dict, service: dict, install: dict, settings: dict | None) -> str:
-    """What the unit runs, as one value (instance_control.py): its directives, and its settings where
-    the unit names their file by a path whose content can change (/etc/dflash/<name>.json; the
-    module's settings file is a store path, so its directives say it all and it passes None). The
-    running process carries the digest in its environment, so a rollout can tell whether the
-    process runs the unit's current definition. nix/lib/service-unit.nix computes the same."""
-    canonical = json.dumps({"Unit": unit, "Service": service, "Install": install,
-                            **({"settings": settings} if settings is not None else {})},
-                           sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_LENGTH]
+def definition_digest(written: dict) -> str:
+    """What the unit runs, as one value (instance_control.py): the start of the sha256 of the
+    unit's lines as written, {"Unit": ..., "Service": ..., "Install": ...} (directive -> value, or
+    the list of a directive's values), its own digest line left out. `render` adds "settings"
+    where the unit names its settings by a path whose content can change (/etc/dflash/<name>.json).
+    The running process carries the digest in its environment, so a rollout can tell whether the
+    process runs the unit's current definition. nix/lib/service-unit.nix applies the same rule to
+    the unit NixOS writes (its settings file is a store path: ExecStart says it all)."""
+    canonical = json.dumps(written, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:unit_data()["digest"]["hexDigits"]]
 
 
 def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python: str | None = None,
@@ -153,7 +150,9 @@ def render(cfg: config.InstanceConfig, config_path: str, dflashctl: str, python:
         head.append(f"# Left out for systemd {systemd}: " + ", ".join(dropped))
     description = unit_text.fill(data["description"], name=cfg.name, model=cfg.model)
     unit = {"Description": unit_text.specifiers(description), **data["unit"]}
-    service["Environment"] = service["Environment"] + [f"{DIGEST_VAR}={definition_digest(unit, service, data['install'], config.to_dict(cfg))}"]
+    digest = definition_digest({"Unit": unit, "Service": service, "Install": data["install"],
+                                "settings": config.to_dict(cfg)})
+    service["Environment"] = service["Environment"] + [f"{DIGEST_VAR}={digest}"]
     lines = head + _section("Unit", unit, data["why"]) + [""] \
         + _section("Service", service, data["why"]) + [""] \
         + _section("Install", data["install"], data["why"])

@@ -2,8 +2,9 @@
 # committed; tests/nix/test_module_eval.py skips without one), next to option declarations of our own
 # for the few NixOS options the module sets. They are minimal, written from the NixOS manual
 # (e.g. `isNormalUser` puts a user in the group "users"): enough to see the module's option types
-# refuse values, a host's definitions win over the module's mkDefault ones, and its wiring reach
-# `systemd.services` as nix/lib/service-unit.nix gave it. The real NixOS is tier 2 (checks.nixos-vm).
+# refuse values, a host's definitions win over the module's mkDefault ones, its wiring reach
+# `systemd.services` as nix/lib/service-unit.nix gave it, and what NixOS itself adds to a unit (PATH,
+# systemd.globalEnvironment) reach its digest. The real NixOS is tier 2 (checks.nixos-vm).
 #   nix-instantiate --eval --strict --json tests/nix/harness/module-eval.nix --arg lib 'import <lib>' \
 #     --argstr instancesJSON '{"a": {"model": "m"}}' [--arg host 'import ./host.nix']
 {
@@ -50,6 +51,7 @@ in
   failedAssertions = map (a: a.message) (builtins.filter (a: !a.assertion) c.assertions);
   inherit (c) warnings;
   services = lib.filterAttrs (n: _: lib.hasPrefix "dflash-" n) c.systemd.services;
+  inherit (c.systemd) globalEnvironment;
   tmpfiles = c.systemd.tmpfiles.rules;
   users = c.users.users;
   groups = builtins.attrNames c.users.groups;

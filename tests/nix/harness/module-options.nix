@@ -1,13 +1,21 @@
-# The option declarations of nix/module.nix, read without nixpkgs: the module is called with a
-# `lib` of our own (recording-lib.nix) whose mkOption and types only record what they are given.
-# tests/nix/test_unit_nix.py compares the defaults and choices with dflashctl's settings schema.
+# The option declarations of nix/module.nix, read without nixpkgs: each module it imports is called
+# with a `lib` of our own (recording-lib.nix) whose mkOption and types only record what they are
+# given, and their declarations merged. tests/nix/test_unit_nix.py compares the defaults and
+# choices with dflashctl's settings schema.
 let
   lib = import ./recording-lib.nix;
-  module = import ../../../nix/module.nix {
-    inherit lib;
-    config = throw "the option declarations must not read the configuration";
-    pkgs = { };
-  };
+  declarations = map (
+    m:
+    (import m {
+      inherit lib;
+      config = throw "the option declarations must not read the configuration";
+      pkgs = { };
+    }).options or { }
+  ) (import ../../../nix/module.nix).imports;
+  # Each module declares its own part of services.dflash; none declares a part another does.
+  module.options.services.dflash = builtins.foldl' (a: b: a // b) { } (
+    map (o: o.services.dflash or { }) declarations
+  );
   # A submodule's options; a function module is called as NixOS calls it, for an instance "x".
   submoduleOptions =
     t:
@@ -30,6 +38,8 @@ let
 in
 {
   top = builtins.attrNames module.options.services.dflash;
+  # what each imported module declares, in import order
+  byModule = map (o: builtins.attrNames (o.services.dflash or { })) declarations;
   kernels = declared module.options.services.dflash.kernelsPackage;
   instance = builtins.mapAttrs (
     k: decl: if k == "speculative" then { type = "submodule"; } else declared decl

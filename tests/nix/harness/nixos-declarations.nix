@@ -1,7 +1,8 @@
 # Minimal declarations of our own of the NixOS options nix/module.nix (and checks.nixos-vm's hosts)
-# set, for the real module system of a nixpkgs lib found outside the repository
+# set or read, for the real module system of a nixpkgs lib found outside the repository
 # (tests/nix/harness/module-eval.nix, tests/nix/harness/vm-nodes.nix). Written from the NixOS manual:
-# lists merge, `isNormalUser` puts a user in the group "users".
+# lists merge, `isNormalUser` puts a user in the group "users", a service's `path` becomes the PATH
+# of its `environment`, systemd.globalEnvironment is written into every unit.
 lib:
 let
   inherit (lib) mkOption types;
@@ -25,36 +26,52 @@ in
       type = types.attrsOf types.unspecified;
       default = { };
     };
+    # Written into every unit (NixOS: LOCALE_ARCHIVE, TZDIR from i18n and time).
+    systemd.globalEnvironment = mkOption {
+      type = types.attrsOf types.str;
+      default = { };
+    };
     systemd.services = mkOption {
       default = { };
       type = types.attrsOf (
-        types.submodule {
-          options = {
-            description = mkOption {
-              type = types.str;
-              default = "";
+        types.submodule (
+          { config, ... }:
+          {
+            options = {
+              description = mkOption {
+                type = types.str;
+                default = "";
+              };
+              after = listOption types.str;
+              before = listOption types.str;
+              wants = listOption types.str;
+              wantedBy = listOption types.str;
+              path = listOption types.unspecified;
+              environment = mkOption {
+                type = types.attrsOf types.str;
+                default = { };
+              };
+              reloadTriggers = listOption types.unspecified;
+              restartTriggers = listOption types.unspecified;
+              restartIfChanged = mkOption {
+                type = types.bool;
+                default = true;
+              };
+              unitConfig = mkOption {
+                type = types.attrsOf types.unspecified;
+                default = { };
+              };
+              serviceConfig = mkOption {
+                type = types.attrsOf types.unspecified;
+                default = { };
+              };
             };
-            after = listOption types.str;
-            before = listOption types.str;
-            wants = listOption types.str;
-            wantedBy = listOption types.str;
-            path = listOption types.unspecified;
-            reloadTriggers = listOption types.unspecified;
-            restartTriggers = listOption types.unspecified;
-            restartIfChanged = mkOption {
-              type = types.bool;
-              default = true;
-            };
-            unitConfig = mkOption {
-              type = types.attrsOf types.unspecified;
-              default = { };
-            };
-            serviceConfig = mkOption {
-              type = types.attrsOf types.unspecified;
-              default = { };
-            };
-          };
-        }
+            # As NixOS defines it for every service: PATH from `path` (bin, then sbin).
+            config.environment.PATH = lib.mkIf (config.path != [ ]) (
+              lib.concatStringsSep ":" (map (p: "${p}/bin") config.path ++ map (p: "${p}/sbin") config.path)
+            );
+          }
+        )
       );
     };
     # services.dflash.prometheus and .grafana add to these where the host enables them.

@@ -86,6 +86,8 @@ let
       attrsOf = elemType: type "attrsOf" { inherit elemType; };
       submodule = module: type "submodule" { inherit module; };
       addCheck = t: _: t;
+      # systemd.services' serviceConfig and unitConfig values: lists merge, anything else is one.
+      unitOption = type "unitOption" { };
     };
     mkOverride = priority: content: {
       _type = "override";
@@ -152,8 +154,62 @@ let
     modulesPath = "/stand-in/nixos/modules";
   };
   load = m: if isFunction m then m args else m;
-  # NixOS's options the module reads (services.prometheus.enable, its exporters, services.grafana.enable).
+  # A systemd.services entry as NixOS declares it, with the one definition NixOS makes in every
+  # entry that the module reads back: PATH from `path`, bin then sbin (NixOS also appends its
+  # default tools to `path`; left out here, nothing reads them).
+  serviceEntry =
+    { config, ... }:
+    let
+      list = lib.mkOption {
+        type = lib.types.listOf lib.types.unspecified;
+        default = [ ];
+      };
+      directives = lib.mkOption {
+        type = lib.types.attrsOf lib.types.unitOption;
+        default = { };
+      };
+    in
+    {
+      options = {
+        description = lib.mkOption {
+          type = lib.types.str;
+          default = "";
+        };
+        after = list;
+        wants = list;
+        before = list;
+        wantedBy = list;
+        path = list;
+        reloadTriggers = list;
+        restartTriggers = list;
+        restartIfChanged = lib.mkOption {
+          type = lib.types.bool;
+          default = true;
+        };
+        environment = lib.mkOption {
+          type = lib.types.attrsOf lib.types.str;
+          default = { };
+        };
+        unitConfig = directives;
+        serviceConfig = directives;
+      };
+      config.environment.PATH = lib.mkIf (config.path != [ ]) (
+        builtins.concatStringsSep ":" (map (p: "${p}/bin") config.path ++ map (p: "${p}/sbin") config.path)
+      );
+    };
+  # NixOS's options the module reads (services.prometheus.enable, its exporters, services.grafana.enable,
+  # each unit's entry as NixOS completes it, systemd.globalEnvironment).
   nixosOptions = {
+    options.systemd = {
+      services = lib.mkOption {
+        type = lib.types.attrsOf (lib.types.submodule serviceEntry);
+        default = { };
+      };
+      globalEnvironment = lib.mkOption {
+        type = lib.types.attrsOf lib.types.str;
+        default = { };
+      };
+    };
     options.services = {
       prometheus.enable = lib.mkEnableOption "Prometheus";
       prometheus.port = lib.mkOption {
@@ -262,7 +318,8 @@ let
           )
         else
           module;
-      result = resolveSet evaluated.options defs;
+      # the submodule's own definitions (NixOS's in every systemd.services entry) beside the host's
+      result = resolveSet evaluated.options (defs ++ plain top (evaluated.config or { }));
     in
     result;
   resolveOption =
@@ -283,12 +340,23 @@ let
           value = submodule t.elemType.module n (defsAt n orDefault);
         }) (unique (concatMap (d: attrNames d.value) orDefault))
       )
+    else if t.name == "attrsOf" then
+      # each attribute on its own, as NixOS merges them: a host's value for one wins over the
+      # module's mkDefault one, and the others stay
+      let
+        liveAt = n: active (defsAt n orDefault);
+        names = filter (n: liveAt n != [ ]) (unique (concatMap (d: attrNames d.value) orDefault));
+      in
+      listToAttrs (
+        map (n: {
+          name = n;
+          value = resolveOption { type = t.elemType; } (liveAt n);
+        }) names
+      )
     else if values == [ ] then
       o.default or (throw "nixos-lite: an option nix/module.nix reads has no value and no default")
-    else if t.name == "listOf" then
+    else if t.name == "listOf" || (t.name == "unitOption" && all isList values) then
       concatLists values
-    else if t.name == "attrsOf" then
-      foldl' (a: b: a // b) { } values
     else
       head values;
 
