@@ -155,12 +155,14 @@ def without_bytecode(fp: dict) -> dict:
     return {**fp, "checks": [c for c in fp["checks"] if c["name"] != "bytecode"]}
 
 
+@pytest.mark.golden
 def test_golden_table(venvs, lock, reports, tmp_path):
     from dflashctl.host import doctor as doctor_module
     text = doctor_module.render(without_bytecode(reports["old"][1]))
     golden("old.table.golden", normalise_table(text, venvs, lock))
 
 
+@pytest.mark.golden
 def test_golden_json(venvs, lock, reports, tmp_path):
     proc = doctor(venvs["old"], lock, tmp_path / "again.json", "--json")
     fp = json.loads(proc.stdout)

@@ -59,6 +59,7 @@ def run_fixup(name: str, out: Path, driver_link: str = "/run/opengl-driver") -> 
                           capture_output=True, text=True)
 
 
+@pytest.mark.golden
 @pytest.mark.nix
 @pytest.mark.parametrize("name", sorted(PATCHED))
 def test_golden_patched_excerpt(name, tmp_path):

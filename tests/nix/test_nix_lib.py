@@ -17,6 +17,7 @@ CASES = sorted(p.stem for p in NIX_TESTS.glob("*.nix"))
 pytestmark = pytest.mark.nix
 
 
+@pytest.mark.golden
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case):
     nix = nix_or_skip()

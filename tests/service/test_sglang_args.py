@@ -24,6 +24,7 @@ def render(settings: dict) -> dict:
             "env": {k: v for k, v in sorted(env.items()) if base.get(k) != v}}
 
 
+@pytest.mark.golden
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case):
     path = GOLDEN / f"{case}.json"

@@ -51,6 +51,7 @@ def golden() -> list[dict]:
     return json.loads(GOLDEN.read_text())
 
 
+@pytest.mark.golden
 def test_python_matches_the_golden_file():
     got = [{"value": v, **python_rules(v)} for v in HOSTILE]
     update_golden(GOLDEN, json.dumps(got, indent=1, ensure_ascii=False) + "\n")
