@@ -3,7 +3,7 @@
 One base venv holds what importing xgrammar needs (CPU torch from this machine's disk, transformers,
 triton, ...); each variant is a fresh venv with its own xgrammar / soundfile wheels and a .pth line
 that appends the base's site-packages. Building all of it takes about a minute on two cores.
-Goldens: DFLASH_UPDATE_GOLDEN=1 rewrites tests/data/doctor/*.golden. DFLASH_DOCTOR_VENVS=DIR keeps
+Goldens: tests/regenerate rewrites tests/data/doctor/*.golden. DFLASH_DOCTOR_VENVS=DIR keeps
 the venvs in DIR and reuses them on the next run (for working on these tests).
 """
 

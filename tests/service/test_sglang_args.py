@@ -1,6 +1,6 @@
 """Golden tests: instance settings -> SGLang argv and environment (tests/data/service/argv/*.json).
 
-Regenerate after an intended change with DFLASH_UPDATE_GOLDEN=1 and review the diff.
+Regenerate after an intended change with tests/regenerate and review the diff.
 """
 
 import json
