@@ -3,7 +3,7 @@
 One base venv holds what importing xgrammar needs (CPU torch from this machine's disk, transformers,
 triton, ...); each variant is a fresh venv with its own xgrammar / soundfile wheels and a .pth line
 that appends the base's site-packages. Building all of it takes about a minute on two cores.
-Goldens: DFLASH_UPDATE_GOLDEN=1 rewrites tests/data/doctor/*.golden. DFLASH_DOCTOR_VENVS=DIR keeps
+Goldens: tests/regenerate rewrites tests/data/doctor/*.golden. DFLASH_DOCTOR_VENVS=DIR keeps
 the venvs in DIR and reuses them on the next run (for working on these tests).
 """
 
@@ -155,12 +155,14 @@ def without_bytecode(fp: dict) -> dict:
     return {**fp, "checks": [c for c in fp["checks"] if c["name"] != "bytecode"]}
 
 
+@pytest.mark.golden
 def test_golden_table(venvs, lock, reports, tmp_path):
     from dflashctl.host import doctor as doctor_module
     text = doctor_module.render(without_bytecode(reports["old"][1]))
     golden("old.table.golden", normalise_table(text, venvs, lock))
 
 
+@pytest.mark.golden
 def test_golden_json(venvs, lock, reports, tmp_path):
     proc = doctor(venvs["old"], lock, tmp_path / "again.json", "--json")
     fp = json.loads(proc.stdout)

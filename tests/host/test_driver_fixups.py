@@ -5,7 +5,7 @@ postInstall, evaluated by Nix, executed by bash with a substituteInPlace that ha
 
 Goldens: the patched text of a small excerpt of each real file (tests/data/fixups/); with network,
 the real wheel from the lock, patched, then loading a real (fake) NVML from the driver link
-directory with no LD_LIBRARY_PATH. DFLASH_UPDATE_GOLDEN=1 rewrites the goldens.
+directory with no LD_LIBRARY_PATH. tests/regenerate rewrites the goldens.
 """
 
 import os
@@ -59,6 +59,7 @@ def run_fixup(name: str, out: Path, driver_link: str = "/run/opengl-driver") -> 
                           capture_output=True, text=True)
 
 
+@pytest.mark.golden
 @pytest.mark.nix
 @pytest.mark.parametrize("name", sorted(PATCHED))
 def test_golden_patched_excerpt(name, tmp_path):

@@ -190,8 +190,11 @@ def test_between_hosts_the_figures_differ_without_being_new(nvml, tmp_path):
 
 # --- what the running supervisor acts on ------------------------------------------------------------
 
-@pytest.mark.parametrize("xid, ends", [(79, True), (95, True), (48, True), (64, True), (119, True),
-                                       (13, False), (31, False), (43, False), (63, False), (92, False)])
+# Pinned by value (docs/service.md's XID table says why each): the file the code reads must agree.
+@pytest.mark.parametrize("xid, ends", [(48, True), (62, True), (64, True), (74, True), (79, True), (94, True),
+                                       (95, True), (119, True), (120, True), (154, True),
+                                       (13, False), (31, False), (43, False), (45, False), (63, False), (68, False),
+                                       (92, False), (109, False), (140, False)])
 def test_critical_xids_that_mean_the_gpu_failed_end_the_instance(xid, ends):
     f = gpu_health.xid_finding(xid, 0)
     assert (f.status == "fail") == ends, f

@@ -1,6 +1,6 @@
 """Golden tests of nix/lib: each tests/nix/<name>.nix evaluates (builtins only) to the JSON in
 tests/nix/expected/<name>.json. After an intended change (a new lock, a new fix-up) rewrite the
-goldens with DFLASH_UPDATE_GOLDEN=1 and read the diff."""
+goldens with tests/regenerate and read the diff."""
 
 import json
 import subprocess
@@ -17,13 +17,14 @@ CASES = sorted(p.stem for p in NIX_TESTS.glob("*.nix"))
 pytestmark = pytest.mark.nix
 
 
+@pytest.mark.golden
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case):
     nix = nix_or_skip()
     actual = eval_json(nix, NIX_TESTS / f"{case}.nix")
     golden = EXPECTED / f"{case}.json"
     update_golden(golden, json.dumps(actual, indent=2, sort_keys=True) + "\n")
-    assert golden.exists(), f"no golden for {case}; run with DFLASH_UPDATE_GOLDEN=1 and review it"
+    assert golden.exists(), f"no golden for {case}; run tests/regenerate and review it"
     assert actual == json.loads(golden.read_text())
 
 

@@ -190,3 +190,28 @@ def test_an_import_inside_a_function_counts(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("import os.path\nfrom . import sibling\n\ndef test_x():\n    from test_smoke import smoke\n")
     assert imported_modules(f) == {"os", "test_smoke"}
+
+
+# --- the package's data ships with it ----------------------------------------------------------------
+
+def shipped(path: Path, package_data: dict[str, list[str]]) -> bool:
+    """Whether setuptools' package-data globs (relative to their package's directory) take `path`."""
+    rel = path.relative_to(PKG.parent)
+    for package, globs in package_data.items():
+        base = Path(*package.split("."))
+        if base in rel.parents and any(rel.relative_to(base).match(g) and
+                                       len(rel.relative_to(base).parts) == len(Path(g).parts) for g in globs):
+            return True
+    return False
+
+
+def test_every_data_file_of_the_package_is_in_its_wheel():
+    """A data file the wheel leaves out works from a checkout and fails where dflashctl is installed
+    (the Nix package, pip install ./python): host/data/sglang-models.json was such a file."""
+    import tomllib
+    package_data = tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = [p for p in PKG.rglob("*") if p.is_file() and "data" in p.relative_to(PKG).parts[:-1]
+            and "__pycache__" not in p.parts]
+    assert len(data) >= 10
+    assert [str(p.relative_to(PKG)) for p in data if not shipped(p, package_data)] == []
+    assert not shipped(PKG / "host" / "data" / "x.txt", package_data)  # the rule can say no

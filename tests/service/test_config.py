@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dflashctl import errors
-from dflashctl.service import config
+from dflashctl.service import config, settings_schema
 
 OK = {"name": "a", "model": "Qwen/Qwen3-8B"}
 D = {**OK, "draftModel": "z-lab/d", "speculative": {"algorithm": "DFLASH"}}
@@ -183,17 +183,15 @@ def test_the_settings_file_holds_every_key_and_reads_back():
     cfg = config.from_dict({**D, "gpus": [0, 1], "tpSize": 2, "extraArgs": ["--x"], "environment": {"A": "1"},
                             "speculative": {"algorithm": "DDTREE", "ddtreeBudget": 64}})
     d = config.to_dict(cfg)
-    # the settings file's keys, in settings.json's order (the NixOS module and `dflashctl serve --settings`
-    # read them)
-    assert list(d) == ["name", "speculative", "model", "host", "port", "tpSize", "gpus", "allowSharedGpus",
-                       "grammarBackend", "modelRevision", "draftModel", "draftModelRevision", "draftLoadFormat",
-                       "attentionBackend", "memFractionStatic", "contextLength", "servedModelName", "loadFormat",
-                       "samplingBackend", "cudaGraphMaxBs", "constrainedJsonDisableAnyWhitespace",
-                       "skipTokenizerInit", "disableCudaGraph", "enableMetrics", "apiKeyFile", "extraArgs",
-                       "hfTokenFile", "offline", "environment", "cacheDir", "driverLibraryDir", "startTimeoutSec",
-                       "stallTimeoutSec"]
-    assert d["speculative"] == {"algorithm": "DDTREE", "numDraftTokens": None, "ddtreeBudget": 64,
-                                "draftAttentionBackend": None}
+    # the settings file's keys: the instance's name, each group, then every other setting, in settings.json's
+    # order (the NixOS module and `dflashctl serve --settings` read them); a new setting is there with no
+    # change here
+    schema = settings_schema.load()
+    assert list(d) == ["name", *schema.groups, *(s.name for s in schema.top())]
+    assert {"speculative", "model", "gpus", "extraArgs", "stallTimeoutSec"} <= set(d)  # known ones, by value
+    for group in schema.groups:
+        assert list(d[group]) == [s.name for s in schema.in_group(group)]
+    assert {k: v for k, v in d["speculative"].items() if v is not None} == {"algorithm": "DDTREE", "ddtreeBudget": 64}
     assert (d["gpus"], d["extraArgs"], d["environment"], d["port"]) == ([0, 1], ["--x"], {"A": "1"}, 30000)
     assert config.from_dict(d) == cfg
 

@@ -1,6 +1,6 @@
 """Golden tests: instance settings -> SGLang argv and environment (tests/data/service/argv/*.json).
 
-Regenerate after an intended change with DFLASH_UPDATE_GOLDEN=1 and review the diff.
+Regenerate after an intended change with tests/regenerate and review the diff.
 """
 
 import json
@@ -24,6 +24,7 @@ def render(settings: dict) -> dict:
             "env": {k: v for k, v in sorted(env.items()) if base.get(k) != v}}
 
 
+@pytest.mark.golden
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case):
     path = GOLDEN / f"{case}.json"

@@ -26,6 +26,7 @@ def settings(case: str) -> dict:
     return json.loads((SETTINGS / f"{case}.json").read_text())["settings"]
 
 
+@pytest.mark.golden
 @pytest.mark.parametrize("case", CASES)
 def test_golden_unit(case):
     cfg = config.from_dict(settings(case))

@@ -1,7 +1,7 @@
 """Escaping and refusing unit values: Python's unit_text and nix/lib/unit-text.nix over hostile values.
 
 The golden file (tests/data/service/unit-text.json) holds, for each hostile value, what each rule
-makes of it; both implementations must give exactly that. DFLASH_UPDATE_GOLDEN=1 rewrites it from
+makes of it; both implementations must give exactly that. tests/regenerate rewrites it from
 Python (read the diff: it is the specification).
 """
 
@@ -51,6 +51,7 @@ def golden() -> list[dict]:
     return json.loads(GOLDEN.read_text())
 
 
+@pytest.mark.golden
 def test_python_matches_the_golden_file():
     got = [{"value": v, **python_rules(v)} for v in HOSTILE]
     update_golden(GOLDEN, json.dumps(got, indent=1, ensure_ascii=False) + "\n")
