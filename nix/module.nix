@@ -232,6 +232,12 @@ let
     mkdir $out
     cp ${monitoring.dashboardFile} $out/dflash-host.json
   '';
+  # What Prometheus would refuse in these options (bad durations), or what makes an alert
+  # meaningless: refused here as `dflashctl monitoring` refuses it.
+  monitoringProblems = monitoring.problems {
+    inherit (pcfg) alertFor minAcceptLength ttftP99Sec;
+    intervalSec = pcfg.scrapeIntervalSec;
+  };
   monitoringConfig = {
     assertions = [
       {
@@ -239,6 +245,10 @@ let
           builtins.attrNames pcfg.alertFor
         );
         message = "services.dflash.prometheus.alertFor names an alert that dflash.rules.json does not have; the alerts are ${builtins.concatStringsSep ", " monitoring.alertNames}";
+      }
+      {
+        assertion = monitoringProblems == [ ];
+        message = "services.dflash.prometheus: ${builtins.concatStringsSep "; " monitoringProblems}";
       }
       {
         assertion = builtins.all (n: instances ? ${n}) (builtins.attrNames pcfg.minAcceptLength);
