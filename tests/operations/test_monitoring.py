@@ -879,7 +879,7 @@ def test_the_live_router_writes_the_recorded_families_with_their_labels(host):
 def test_status_over_the_host_shows_every_row_and_names_the_stopped_worker(host):
     from dflashctl.smoke import schema
     argv = [sys.executable, "-m", "dflashctl", "status", "--router", str(host.tmp / "router.json"),
-            *[x for f in host.files for x in ("--instance", str(f))]]
+            "--state-dir", str(host.tmp / "no-rollout"), *[x for f in host.files for x in ("--instance", str(f))]]
     done = subprocess.run(argv + ["--json"], capture_output=True, text=True, env=ENV, timeout=120)
     assert done.returncode == 1, done.stderr  # b is down and out of rotation
     rep = json.loads(done.stdout)
