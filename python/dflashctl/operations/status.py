@@ -21,8 +21,9 @@ import json
 import socket
 import sys
 import time
+
 from dflashctl import cli_help, output
-from dflashctl.errors import CONFIG, FAILED, OK, USAGE, DflashError
+from dflashctl.errors import FAILED, OK, USAGE, DflashError
 from dflashctl.operations import instances, monitoring, router, status_collect, unit_data
 from dflashctl.operations.status_collect import InstanceSample, RolloutSample, RouterSample, Sample
 from dflashctl.service import unit
@@ -169,8 +170,9 @@ def _http_problems(cfg, s: InstanceSample) -> list[str]:
     if code in (401, 403) and s.key == "unreadable":
         return []
     if code in (401, 403) and s.key == "read":
-        return [f"refuses the key in its apiKeyFile {cfg.api_key_file} (HTTP {code} at /model_info): it runs with "
-                f"another key; after changing the key restart it (`systemctl restart {unit.unit_name(cfg)}`)"]
+        return [f"refuses the key in its apiKeyFile {cfg.api_key_file} (HTTP {code} at /model_info): the running "
+                f"SGLang has another key; restart it to load the file's (`systemctl restart {unit.unit_name(cfg)}`), "
+                "or put its key back in the file"]
     if code in (401, 403):
         return [f"wants an API key (HTTP {code} at /model_info) but its settings name no apiKeyFile: another "
                 f"process listens at {cfg.base_url}, or the instance runs with settings other than these"]
