@@ -207,18 +207,32 @@ def test_an_api_key_this_user_cannot_read_is_named_not_failed(tmp_path):
     refuses, or a key its settings do not name, is a problem."""
     proc, port = start_standin(tmp_path, "--api-key", "s3cret")
     try:
-        def run(**extra) -> tuple[int, dict]:
+        def run(as_user: bool = False, **extra) -> tuple[int, dict]:
             f = tmp_path / "k.json"
             f.write_text(json.dumps({"name": "k", "model": "m", "port": port, **extra}))
-            done = status("--json", "--window", "0", "--no-router", "--no-systemd", "--state-dir",
-                          str(tmp_path / "no-rollout"), "--instance", str(f))
+            argv = [sys.executable, "-m", "dflashctl", "status", "--json", "--window", "0", "--no-router",
+                    "--no-systemd", "--state-dir", str(tmp_path / "no-rollout"), "--instance", str(f)]
+            drop = "-dac_override,-dac_read_search"  # root as a user: the owner's bits decide
+            wrap = ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", "--"] if as_user else []
+            done = subprocess.run(wrap + argv, capture_output=True, text=True, env=ENV, timeout=60)
             rep = json.loads(done.stdout)
             assert schema.problems(rep, SCHEMA) == [], done.stderr
             return done.returncode, rep["instances"][0]
 
-        code, row = run(apiKeyFile=str(tmp_path / "root-only" / "key"))  # unreadable: missing, as not root
-        assert code == 0 and row["answers"] and row["http_status"] == 401 and row["problems"] == [], row
-        assert row["metrics"] == "on" and any(m.startswith("API key: ") and "run as root" in m for m in row["missing"])
+        locked = tmp_path / "locked"  # the key file in another user's directory, mode 0700
+        locked.mkdir(mode=0o700)
+        (locked / "key").write_text("s3cret\n")
+        if os.geteuid() == 0:
+            os.chown(locked, 65534, 65534)
+        else:
+            locked.chmod(0)
+        for unreadable, as_user in ((locked / "key", os.geteuid() == 0), (tmp_path / "not-there", False)):
+            code, row = run(as_user, apiKeyFile=str(unreadable))
+            assert code == 0 and row["answers"] and row["http_status"] == 401 and row["problems"] == [], row
+            assert row["metrics"] == "on" and row["requests_running"] == 0  # from /metrics, without the key
+            [named] = [m for m in row["missing"] if m.startswith("API key: ")]
+            assert str(unreadable) in named and "who can read it" in named
+        locked.chmod(0o700)
         (tmp_path / "wrong").write_text("not-the-key\n")
         code, row = run(apiKeyFile=str(tmp_path / "wrong"))
         assert code == 1 and len(row["problems"]) == 1 and "refuses the key in its apiKeyFile" in row["problems"][0]

@@ -211,7 +211,8 @@ def sample_instance(cfg: InstanceConfig, systemd: Systemd | None, env: dict) -> 
             key, s.key = serve.read_api_key(cfg, env), "read"
         except DflashError as e:
             s.key = "unreadable"
-            s.missing.append(f"API key: {e.what} ({e.why}); /model_info and /v1/loads need it (run as root)")
+            s.missing.append(f"API key: {e.what} ({e.why}); /model_info and /v1/loads need it: run status as a "
+                             "user who can read it (root)")
     _sample_http(s, key)
     return s
 
