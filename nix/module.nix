@@ -526,8 +526,9 @@ in
         };
         description = ''
           Per speculative instance, the acceptance length below which DflashAcceptanceLow fires (after
-          10 minutes while it decodes). Default: a quarter of its block ({option}`speculative.numDraftTokens`,
-          else 16 for DFLASH and DDTREE, 4 for EAGLE3), at least 1.5.
+          10 minutes while it decodes); at least 1 (SGLang's acceptance length counts the bonus token).
+          Default: a quarter of its block ({option}`speculative.numDraftTokens`, else 16 for DFLASH and
+          DDTREE, 4 for EAGLE3), at least 1.5.
         '';
       };
       ttftP99Sec = mkOption {
@@ -541,7 +542,7 @@ in
         example = {
           DflashAcceptanceLow = "30m";
         };
-        description = "Another `for:` (how long a condition must hold) for an alert, by name.";
+        description = "Another `for:` (how long a condition must hold) for an alert, by name: a Prometheus duration (units y, w, d, h, m, s, ms, largest first: 30m, 1h30m); one Prometheus does not read fails an assertion, as `dflashctl monitoring --alert-for` refuses it.";
       };
       gpuExporters = mkOption {
         type = types.bool;
