@@ -53,9 +53,56 @@ let
       v = block * accept.blockFraction;
     in
     if v > accept.floor then v else accept.floor * 1.0;
+
+  # Prometheus' durations as prometheus/common's ParseDuration reads them (operations/promcheck.py
+  # is the twin): units y w d h m s ms, largest first, each at most once, whole numbers, "0" alone,
+  # at most 2^63-1 ns. The parts are summed without a Nix integer ever overflowing.
+  maxNs = 9223372036854775807;
+  unitNs = [
+    31536000000000000
+    604800000000000
+    86400000000000
+    3600000000000
+    60000000000
+    1000000000
+    1000000
+  ];
+  partNs =
+    digits: ns:
+    let
+      d = builtins.head (builtins.match "0*([0-9]+)" digits);
+      n = builtins.fromJSON d;
+    in
+    if builtins.stringLength d > 13 || n > maxNs / ns then null else n * ns;
+  addNs = acc: x: if acc == null || x == null || acc > maxNs - x then null else acc + x;
+  durationProblem =
+    d:
+    let
+      m = builtins.match "(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?" d;
+      digits = builtins.genList (i: builtins.elemAt m (2 * i + 1)) 7;
+      total = builtins.foldl' addNs 0 (
+        builtins.genList (
+          i:
+          let
+            g = builtins.elemAt digits i;
+          in
+          if g == null then 0 else partNs g (builtins.elemAt unitNs i)
+        ) 7
+      );
+    in
+    if d == "0" then
+      null
+    else if d == "" then
+      "an empty duration"
+    else if m == null then
+      "\"${d}\" is not a duration Prometheus reads (whole numbers with the units y, w, d, h, m, s, ms, largest first, each once: 30s, 10m, 1h30m)"
+    else if total == null then
+      "\"${d}\" is out of range (Prometheus' durations end at about 292 years)"
+    else
+      null;
 in
 {
-  inherit data alertRules;
+  inherit data alertRules durationProblem;
   dashboardFile = dataDir + "/grafana-dashboard.json";
   # NixOS's exporter modules the GPU rules read (services.prometheus.exporters.<name>).
   gpuExporterOptions = [
@@ -63,6 +110,34 @@ in
     "nvidia-gpu"
   ];
   alertNames = concatMap (g: concatMap (r: optional (r ? alert) r.alert) g.rules) alertRules.groups;
+
+  # What Prometheus would refuse, or what would make an alert meaningless, in the module's
+  # options (the module asserts it is empty; `dflashctl monitoring` refuses the same values).
+  problems =
+    {
+      alertFor ? { },
+      minAcceptLength ? { },
+      ttftP99Sec ? null,
+      intervalSec ? null,
+    }:
+    concatMap (
+      n:
+      let
+        p = durationProblem alertFor.${n};
+      in
+      optional (p != null) "alertFor.${n}: ${p}"
+    ) (builtins.attrNames alertFor)
+    ++ concatMap (
+      n:
+      optional (minAcceptLength.${n} < 1)
+        "minAcceptLength.${n}: ${number minAcceptLength.${n}} is below 1 (SGLang's acceptance length counts the bonus token)"
+    ) (builtins.attrNames minAcceptLength)
+    ++ optional (
+      ttftP99Sec != null && number ttftP99Sec == number 0
+    ) "ttftP99Sec: ${toString ttftP99Sec} rounds to 0 at six decimals"
+    ++ optional (
+      intervalSec != null && durationProblem "${toString intervalSec}s" != null
+    ) "scrapeIntervalSec: ${durationProblem "${toString intervalSec}s"}";
 
   # services.prometheus.scrapeConfigs entries. `gpuTargets`: exporters' host:port to scrape too.
   scrapeConfigs =

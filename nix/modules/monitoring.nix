@@ -40,6 +40,12 @@ let
     cp ${monitoring.dashboardFile} $out/dflash-host.json
   '';
   names = l: builtins.concatStringsSep ", " l;
+  # What Prometheus would refuse in these options (bad durations), or what makes an alert
+  # meaningless: refused here as `dflashctl monitoring` refuses it.
+  problems = monitoring.problems {
+    inherit (pcfg) alertFor minAcceptLength ttftP99Sec;
+    intervalSec = pcfg.scrapeIntervalSec;
+  };
 in
 {
   options.services.dflash = {
@@ -70,8 +76,9 @@ in
         };
         description = ''
           Per speculative instance, the acceptance length below which DflashAcceptanceLow fires (after
-          10 minutes while it decodes). Default: a quarter of its block ({option}`speculative.numDraftTokens`,
-          else 16 for DFLASH and DDTREE, 4 for EAGLE3), at least 1.5.
+          10 minutes while it decodes); at least 1 (SGLang's acceptance length counts the bonus token).
+          Default: a quarter of its block ({option}`speculative.numDraftTokens`, else 16 for DFLASH and
+          DDTREE, 4 for EAGLE3), at least 1.5.
         '';
       };
       ttftP99Sec = mkOption {
@@ -85,7 +92,7 @@ in
         example = {
           DflashAcceptanceLow = "30m";
         };
-        description = "Another `for:` (how long a condition must hold) for an alert, by name.";
+        description = "Another `for:` (how long a condition must hold) for an alert, by name: a Prometheus duration (units y, w, d, h, m, s, ms, largest first: 30m, 1h30m); one Prometheus does not read fails an assertion, as `dflashctl monitoring --alert-for` refuses it.";
       };
       gpuExporters = mkOption {
         type = types.bool;
@@ -118,6 +125,10 @@ in
             builtins.attrNames pcfg.alertFor
           );
           message = "services.dflash.prometheus.alertFor names an alert that dflash.rules.json does not have; the alerts are ${names monitoring.alertNames}";
+        }
+        {
+          assertion = problems == [ ];
+          message = "services.dflash.prometheus: ${builtins.concatStringsSep "; " problems}";
         }
         {
           assertion = builtins.all (n: instances ? ${n}) (builtins.attrNames pcfg.minAcceptLength);

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, nix_or_skip, prometheus_or_skip
-from dflashctl.operations import monitoring, router
+from dflashctl import cli
+from dflashctl.operations import monitoring, promcheck, router
 from dflashctl.operations.metrics_text import parse
 from dflashctl.service import config
 from nixeval import nix_env
@@ -511,6 +512,179 @@ def test_dflashctl_monitoring_writes_the_three_files(tmp_path):
     assert bad.returncode == 78 and "no alert named NoSuchAlert" in bad.stderr and "DflashAcceptanceLow" in bad.stderr
 
 
+# ------------------------------------------------- what Prometheus refuses is refused before it is written
+
+def monitoring_cli(capsys, *argv: str) -> tuple[int, str]:
+    """`dflashctl monitoring ARGV` in this process: (exit code, stderr)."""
+    rc = cli.main(["monitoring", *argv])
+    return rc, capsys.readouterr().err
+
+
+@pytest.fixture
+def one_instance(tmp_path) -> Path:
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"name": "a", "model": "m", "draftModel": "d", "speculative": {"algorithm": "DFLASH"}}))
+    return a
+
+
+ISSUE_42 = [  # (arguments, exit code, what the refusal names): the values issue 42 found written with exit 0
+    (["--rules", "{out}", "--alert-for", "DflashAcceptanceLow=banana"], 2, "'banana' is not a duration"),
+    (["--scrape-config", "{out}", "--gpu-exporter", ""], 2, "an empty target"),
+    (["--scrape-config", "{out}", "--gpu-exporter", "nohostport"], 2, "has no port"),
+    (["--scrape-config", "{out}", "--gpu-exporter", "h:99999"], 2, "the port '99999' is not 1-65535"),
+    (["--scrape-config", "{out}", "--scrape-interval", "99999999999999"], 2, "out of range"),
+    (["--rules", "{out}", "--ttft-p99", "0.0000001"], 2, "rounds to 0"),
+]
+
+
+@pytest.mark.parametrize("args,code,named", ISSUE_42, ids=[" ".join(a[2:]) or "empty" for a, _, _ in ISSUE_42])
+def test_a_value_prometheus_refuses_is_refused_and_nothing_is_written(args, code, named, one_instance, tmp_path,
+                                                                      capsys):
+    out = tmp_path / "out.json"
+    out.write_text("the file of the last good run\n")
+    rc, err = monitoring_cli(capsys, "--instance", str(one_instance), "--no-router",
+                             *[a.replace("{out}", str(out)) for a in args])
+    assert rc == code and named in err, err
+    assert err.splitlines()[-1].startswith("  fix: ") and "Traceback" not in err
+    assert out.read_text() == "the file of the last good run\n"
+
+
+def test_an_instance_address_prometheus_cannot_scrape_is_a_settings_error(tmp_path, capsys):
+    bad = tmp_path / "h.json"
+    bad.write_text(json.dumps({"name": "h", "model": "m", "host": "a b", "port": 30001}))
+    rc, err = monitoring_cli(capsys, "--instance", str(bad), "--no-router", "--scrape-config",
+                             str(tmp_path / "s.json"), "--rules", str(tmp_path / "r.json"))
+    assert rc == 78 and "(dflash_instance h): 'a b:30001'" in err and "`host`" in err.splitlines()[-1], err
+    assert not (tmp_path / "s.json").exists() and not (tmp_path / "r.json").exists()  # neither of the two
+
+
+DURATIONS = ["30m", "1h30m", "0", "0s", "1y", "90s", "1d2h", "1ms", "01m", "5w", "1m0s", "292y", "banana", "",
+             "1.5m", "-1m", "m", "1m1h", "1 m", "293y", "292y52w", "10000000000000y", "1M", "1h1h", " 1m", "1m ",
+             "\u0663m"]
+
+
+def promtool_ok(promtool: Path, *args: str) -> bool:
+    return subprocess.run([str(promtool), "check", *args], capture_output=True, text=True, timeout=60).returncode == 0
+
+
+def test_monitoring_and_promtool_agree_on_every_duration(one_instance, tmp_path, capsys):
+    """Each duration through `dflashctl monitoring --alert-for`: a file it writes promtool takes; a
+    file with a duration promtool refuses (made here, past the command) the command refused first."""
+    promtool = prometheus_or_skip() / "promtool"
+    cfgs = [config.load(one_instance)]
+    disagree = []
+    for i, d in enumerate(DURATIONS):
+        out = tmp_path / f"rules-{i}.json"
+        rc, err = monitoring_cli(capsys, "--instance", str(one_instance), "--no-router", "--rules", str(out),
+                                 "--alert-for", f"DflashAcceptanceLow={d}")
+        if rc == 0:
+            taken = promtool_ok(promtool, "rules", str(out))
+        else:
+            assert rc == 2 and not out.exists(), err
+            out.write_text(json.dumps(monitoring.rule_file(cfgs, alert_for={"DflashAcceptanceLow": d})))
+            taken = promtool_ok(promtool, "rules", str(out))
+        if taken != (rc == 0):
+            disagree.append((d, rc, taken))
+    assert disagree == []
+    assert sum(promcheck.duration_problem(d) is None for d in DURATIONS) == 12  # both kinds are in the corpus
+
+
+TARGETS = ["127.0.0.1:9400", "gpu-host:9835", "[::1]:9400", "gpu0.rack-2.example:9400", "", "nohostport", "h:99999",
+           "h:0", "h:", ":9400", "::1:9400", "a b:9400", "h/x:9400", "http://h:9400", "h:+80", "[fe80::1%eth0]:9400"]
+
+
+def test_a_target_monitoring_takes_promtool_takes_and_the_ones_it_refuses_prometheus_cannot_scrape(
+        one_instance, tmp_path, capsys):
+    """What promtool refuses (an empty target, a URL) the command refused first; what promtool takes but
+    the command refuses, a real Prometheus keeps and never scrapes as written (it adds :80 to a target
+    without a port; a wrong port, an IPv6 address without brackets, a space: its scrape fails)."""
+    promtool = prometheus_or_skip() / "promtool"
+    accepted, refused = [], []
+    for i, t in enumerate(TARGETS):
+        out = tmp_path / f"scrape-{i}.json"
+        rc, err = monitoring_cli(capsys, "--instance", str(one_instance), "--no-router", "--scrape-config", str(out),
+                                 "--gpu-exporter", t)
+        if rc == 0:
+            assert promtool_ok(promtool, "config", str(out)), t
+            accepted.append(t)
+        else:
+            assert rc == 2 and not out.exists(), (t, err)
+            jobs = monitoring.scrape_configs([config.load(one_instance)], None, [t])
+            out.write_text(json.dumps({"scrape_configs": jobs}))
+            refused.append((t, promtool_ok(promtool, "config", str(out))))
+    assert accepted == TARGETS[:4]
+    assert [t for t, taken in refused if not taken] == ["", "h/x:9400", "http://h:9400"]
+    unscrapable = [t.replace(":9400", f":{free_port()}") if t.startswith(":") else t for t, taken in refused if taken]
+    prom = Prometheus(tmp_path, [{"job_name": "refused", "scrape_interval": "1s",
+                                  "static_configs": [{"targets": unscrapable}]}], {"groups": []}).start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            seen = {t["discoveredLabels"]["__address__"]: t for t in prom.targets()}
+            if len(seen) == len(unscrapable) and all(t["health"] != "unknown" for t in seen.values()):
+                break
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.5)
+        scraped_as_written = [a for a, t in seen.items() if t["health"] == "up" or
+                              (t["scrapeUrl"] == f"http://{a}/metrics" and not t["lastError"])]
+        assert scraped_as_written == [] and seen["nohostport"]["scrapeUrl"] == "http://nohostport:80/metrics"
+    finally:
+        prom.stop()
+
+
+def test_the_file_check_names_each_kind_of_mistake():
+    """The control for the check every written file passes: each mistake Prometheus' parsers refuse."""
+    good = monitoring.rule_file(HOST)
+    assert promcheck.rule_file_problems(good, monitoring.alert_rules()) == []
+    bad = json.loads(json.dumps(good))
+    bad["groups"].append(json.loads(json.dumps(good["groups"][1])))  # a group name twice
+    thresholds = bad["groups"][0]["rules"]
+    thresholds[0] = {**thresholds[0], "for": "5m"}  # `for:` on a recording rule
+    thresholds[1] = {**thresholds[1], "record": "dflash:bad-name", "labels": {"0bad": "x"}}
+    bad["groups"][1]["rules"][0] = {**bad["groups"][1]["rules"][0], "expr": "up == banana", "for": "10 m",
+                                    "severity": "critical"}
+    thresholds[2] = {**thresholds[2], "expr": "vector(0.000000)"}
+    found = promcheck.rule_file_problems(bad, monitoring.alert_rules())
+    assert found == [
+        "group dflash-thresholds, rule dflash:threshold_accept_length_min: a recording rule has no 'for' or "
+        "'annotations'",
+        "group dflash-thresholds, rule dflash:bad-name: 'dflash:bad-name' is not a name a recorded series can have",
+        "group dflash-thresholds, rule dflash:bad-name: '0bad' is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)",
+        "group dflash-thresholds, rule dflash:threshold_accept_length_min: 'vector(0.000000)': the threshold "
+        "rounds to 0 at six decimals",
+        "group dflash-instances, rule DflashInstanceDown: unknown field 'severity'",
+        "group dflash-instances, rule DflashInstanceDown: 'up == banana' is not an expression dflashctl generates",
+        "group dflash-instances, rule DflashInstanceDown: for: '10 m' is not a duration Prometheus reads (whole "
+        "numbers with the units y, w, d, h, m, s, ms, largest first, each once: 30s, 10m, 1h30m)",
+        "group dflash-instances: the name is used twice"], found
+    jobs = monitoring.scrape_configs(HOST, None, ["127.0.0.1:9400"])
+    assert promcheck.scrape_problems(jobs) == []
+    jobs[0]["static_configs"][0]["labels"] = {"dflash-instance": "a"}
+    jobs[1]["scrape_interval"] = "0s"
+    jobs.append(dict(jobs[1]))
+    assert promcheck.scrape_problems(jobs) == [
+        "job dflash-instances: 'dflash-instance' is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)",
+        "job dflash-gpus: scrape_interval: zero", "job dflash-gpus: a job needs a name of its own"]
+
+
+def test_the_module_refuses_what_dflashctl_monitoring_refuses():
+    """nix/lib/monitoring.nix's durationProblem gives promcheck's verdict on every duration, and the
+    module asserts its `problems` (services.dflash.prometheus)."""
+    nix = nix_or_skip()
+    expr = (f"map (import {MONITORING_LIB}).durationProblem (builtins.fromJSON {json.dumps(json.dumps(DURATIONS))})")
+    done = subprocess.run([nix, "eval", "--json", "--impure", "--expr", expr], capture_output=True, text=True,
+                          env=nix_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [p is None for p in json.loads(done.stdout)] == [promcheck.duration_problem(d) is None for d in DURATIONS]
+    out = lite_host({"services": {"dflash": {"instances": LITE_INSTANCES, "prometheus": {
+        "alertFor": {"DflashAcceptanceLow": "banana"}, "minAcceptLength": {"a": 0.5}, "ttftP99Sec": 0.0000001,
+        "scrapeIntervalSec": 99999999999999}}, "prometheus": {"enable": True}}})
+    [message] = [m for m in out["failedAssertions"] if m.startswith("services.dflash.prometheus: ")]
+    for part in ('alertFor.DflashAcceptanceLow: "banana" is not a duration', "minAcceptLength.a: 0.500000 is below 1",
+                 "ttftP99Sec: ", "scrapeIntervalSec: \"99999999999999s\" is out of range"):
+        assert part in message, message
+
+
 # ----------------------------------------------------------- a real Prometheus over the real router
 
 class Prometheus:
@@ -541,6 +715,10 @@ class Prometheus:
 
     def query(self, q: str) -> list:
         return self.api("query", query=q)
+
+    def targets(self) -> list[dict]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v1/targets", timeout=10) as r:
+            return json.loads(r.read())["data"]["activeTargets"]
 
     def wait(self, q: str, timeout: float = 60.0) -> list:
         deadline = time.monotonic() + timeout
@@ -712,7 +890,7 @@ def test_the_live_router_writes_the_recorded_families_with_their_labels(host):
 def test_status_over_the_host_shows_every_row_and_names_the_stopped_worker(host):
     from dflashctl.smoke import schema
     argv = [sys.executable, "-m", "dflashctl", "status", "--router", str(host.tmp / "router.json"),
-            *[x for f in host.files for x in ("--instance", str(f))]]
+            "--state-dir", str(host.tmp / "no-rollout"), *[x for f in host.files for x in ("--instance", str(f))]]
     done = subprocess.run(argv + ["--json"], capture_output=True, text=True, env=ENV, timeout=120)
     assert done.returncode == 1, done.stderr  # b is down and out of rotation
     rep = json.loads(done.stdout)

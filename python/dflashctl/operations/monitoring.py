@@ -13,6 +13,11 @@ nix/lib/monitoring.nix (tests hold both to one result):
   `dflash:threshold_ttft_p99_seconds`), which the alert rules compare with, so the rule file is the
   same everywhere;
 - `for:` of any alert, given by name (a test's copy runs them in seconds).
+
+Every value is held to what Prometheus takes (promcheck.py: durations, targets, label names, the
+expressions) as it is read, and the finished files again before any is written: a bad value is
+refused (exit 2 for an argument, 78 for a setting) and nothing is written, because Prometheus
+refuses a rule file whole, and with it every alert of the host.
 """
 
 import json
@@ -23,7 +28,7 @@ from pathlib import Path
 
 from dflashctl import cli_help, output
 from dflashctl.errors import CONFIG, USAGE, DflashError
-from dflashctl.operations import rollout_plan, router, unit_data
+from dflashctl.operations import instances, promcheck, router, unit_data
 from dflashctl.service import config
 from dflashctl.service.config import InstanceConfig
 
@@ -182,6 +187,51 @@ def name_values(values: list[str], flag: str, convert, example: str) -> dict:
     return out
 
 
+def alert_durations(values: list[str]) -> dict[str, str]:
+    """--alert-for NAME=DURATION, each duration one Prometheus reads."""
+    given = name_values(values, "--alert-for", str, "DflashAcceptanceLow=30m")
+    for name, value in given.items():
+        if problem := promcheck.duration_problem(value):
+            raise DflashError(f"--alert-for {name}={value} is refused", f"{problem}; Prometheus refuses a rule "
+                              "file with a bad `for:`, and with it every alert of the host",
+                              f"e.g. --alert-for {name}=30m", USAGE)
+    return given
+
+
+def gpu_targets(values: list[str]) -> list[str]:
+    """--gpu-exporter HOST:PORT, each a target Prometheus can scrape as written."""
+    for v in values:
+        if problem := promcheck.target_problem(v):
+            raise DflashError(f"--gpu-exporter {v!r} is refused", f"{problem}; Prometheus would keep the target "
+                              "and never scrape it, so the GPU alerts would never see data",
+                              "e.g. --gpu-exporter 127.0.0.1:9400 (dcgm-exporter) or 127.0.0.1:9835 "
+                              "(nvidia_gpu_exporter)", USAGE)
+    return list(values)
+
+
+def check_numbers(interval_sec: int | None, ttft_p99_sec: float | None) -> None:
+    """--scrape-interval as a duration Prometheus reads, --ttft-p99 as a threshold it can hold."""
+    if interval_sec is not None and (problem := promcheck.duration_problem(f"{interval_sec}s")):
+        raise DflashError(f"--scrape-interval {interval_sec} is refused", f"{problem}; Prometheus would refuse "
+                          "the scrape configuration",
+                          f"pass seconds, e.g. --scrape-interval {data()['scrapeIntervalSec']}", USAGE)
+    if ttft_p99_sec is not None and promcheck.threshold_problem(f"vector({_number(ttft_p99_sec)})"):
+        raise DflashError(f"--ttft-p99 {ttft_p99_sec:g} is refused", "it rounds to 0 at the six decimals the "
+                          "rule file holds, and the alert would fire on every request",
+                          "pass seconds, e.g. --ttft-p99 10", USAGE)
+
+
+def checked(rules: dict | None, scrape: dict | None) -> None:
+    """The finished files, held once more to what Prometheus takes before any is written."""
+    for flag, found in (("--rules", promcheck.rule_file_problems(rules, alert_rules()) if rules else []),
+                        ("--scrape-config", promcheck.scrape_problems(scrape["scrape_configs"]) if scrape else [])):
+        if found:
+            raise DflashError(f"the {flag} file would be one Prometheus refuses or cannot scrape; nothing was "
+                              "written", f"{len(found)} problem(s)\n  - " + "\n  - ".join(found),
+                              "fix the instance's or the router's settings named above (an instance's `host`, "
+                              "the router's `metricsHost`), or the data file they come from", CONFIG)
+
+
 def accept_length(text: str) -> float:
     value = float(text)
     if not value >= 1 or value == float("inf"):  # SGLang's acceptance length counts the bonus token
@@ -200,7 +250,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("monitoring", help="this host's Prometheus scrape config, alert rules and dashboard",
                               **cli_help.texts("monitoring", __doc__))
     p.add_argument("--instance", action="append", default=[], metavar="FILE",
-                   help=f"an instance's settings (repeat; default: every {rollout_plan.SETTINGS_GLOB})")
+                   help=f"an instance's settings, or the module's dflash-instances.json (repeat; default: "
+                        f"{instances.DEFAULT_TEXT})")
     p.add_argument("--router", metavar="FILE", help="the router settings (default: "
                    f"{unit_data.router_unit_data()['settingsPath']} if it exists)")
     p.add_argument("--no-router", action="store_true", help="leave the router out")
@@ -233,14 +284,16 @@ def run(args) -> int:
         raise DflashError("two outputs name one file", ", ".join(f for _, f in outputs),
                           "give each output its own file", USAGE)
     min_accept = name_values(args.min_accept_length, "--min-accept-length", accept_length, "qwen3=3.5")
-    alert_for = name_values(args.alert_for, "--alert-for", str, "DflashAcceptanceLow=30m")
-    cfgs = rollout_plan.load_instances(args.instance)
+    alert_for = alert_durations(args.alert_for)
+    gpus = gpu_targets(args.gpu_exporter)
+    check_numbers(args.scrape_interval, args.ttft_p99)
+    cfgs = instances.load(args.instance)
     rcfg = router_settings(args.router, args.no_router)
     unknown_instances(min_accept, cfgs, "--min-accept-length")
-    texts = {}
+    texts, scrape, rules = {}, None, None
     if args.scrape_config:
-        frag = {"scrape_configs": scrape_configs(cfgs, rcfg, args.gpu_exporter, args.scrape_interval)}
-        texts["--scrape-config"] = (json.dumps(frag, indent=2) + "\n",
+        scrape = {"scrape_configs": scrape_configs(cfgs, rcfg, gpus, args.scrape_interval)}
+        texts["--scrape-config"] = (json.dumps(scrape, indent=2) + "\n",
                                     "merge its scrape_configs into prometheus.yml")
     if args.rules:
         rules = rule_file(cfgs, drafter_block_sizes(cfgs), min_accept, args.ttft_p99, alert_for)
@@ -249,6 +302,7 @@ def run(args) -> int:
     if args.dashboard:
         texts["--dashboard"] = (json.dumps(dashboard(), indent=2) + "\n",
                                 "import it in Grafana (Dashboards > New > Import), or provision it")
+    checked(rules, scrape)
     off = sorted(c.name for c in cfgs if not c.enable_metrics)
     if off:
         print(f"dflashctl monitoring: not scraped (enableMetrics is false): {', '.join(off)}", file=sys.stderr)

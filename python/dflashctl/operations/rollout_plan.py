@@ -1,24 +1,23 @@
 """Which instances a rollout restarts, in which order, and the router it works through.
 
-The host's instances are their settings files (`--instance`, one instance each or the module's
-`{"instances": {...}}`; default every `/etc/dflash/*.json`, where `dflashctl unit` installs them).
+The host's instances are their settings files, found as status and monitoring find them
+(operations/instances.py: `--instance`, else every `/etc/dflash/*.json` and `/etc/dflash-instances.json`).
 Under systemd an instance needs a restart when its unit is not serving or when the running process
 was started from another definition of its unit than the current one (instance_control says how
 that is known); `--all` restarts every one. Instances a stopped rollout left out of the router go
 first (`--resume`), then those not serving, then the rest in the order given.
 """
 
-import glob
 from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl.errors import CONFIG, ROLLOUT_STOPPED, DflashError
-from dflashctl.operations import router, unit_data
-from dflashctl.service import config, unit, validate
+from dflashctl.operations import instances, router, unit_data
+from dflashctl.service import config, unit
 from dflashctl.service.config import InstanceConfig
 from dflashctl.service.instance_control import DIGEST_VAR, Systemd
 
-SETTINGS_GLOB = "/etc/dflash/*.json"
+SETTINGS_GLOB = instances.SETTINGS_GLOB
 
 
 @dataclass(frozen=True)
@@ -44,23 +43,8 @@ class Plan:
 
 
 def load_instances(paths: list[str]) -> list[InstanceConfig]:
-    files = paths or sorted(glob.glob(SETTINGS_GLOB))
-    if not files:
-        raise DflashError("no instances to roll out", f"no --instance given and no {SETTINGS_GLOB}",
-                          "pass each instance's settings with --instance FILE (or the module's "
-                          "dflash-instances.json)", CONFIG)
-    cfgs: list[InstanceConfig] = []
-    for f in files:
-        errors, _, found = validate.check(config.read_json(f))
-        if errors:
-            raise DflashError(f"{f} is invalid", f"{len(errors)} problem(s)\n  - " + "\n  - ".join(errors),
-                              f"fix it first (`dflashctl validate {f}`)", CONFIG)
-        cfgs += found
-    names = [c.name for c in cfgs]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise DflashError("an instance is given twice", ", ".join(twice), "give each settings file once", CONFIG)
-    return cfgs
+    """The host's instances as status and monitoring read them (operations/instances.py)."""
+    return instances.load(paths)
 
 
 def load_router(path: str | None, no_router: bool, env: dict[str, str]):

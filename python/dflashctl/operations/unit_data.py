@@ -19,3 +19,8 @@ def _read(name: str) -> str:
 def router_unit_data() -> dict:
     """router-unit.json: the router unit's directives and the router settings' defaults."""
     return json.loads(_read("router-unit.json"))
+
+
+def rollout_unit_data() -> dict:
+    """rollout-unit.json: dflash-rollout.service's directives (its StateDirectory holds the rollout's state)."""
+    return json.loads(_read("rollout-unit.json"))

@@ -45,8 +45,9 @@ GET /v1/loads answers as SGLang 0.5.11 does, with the requests this process is a
 process's requests (standin_metrics.py); with --speculative-algorithm the acceptance length is 15.75
 (the recording's), or the number in the file STANDIN_ACCEPT_LENGTH_FILE, read at each scrape (a
 test lowers it there); /v1/loads and /server_info report it too. Bad requests get SGLang's answers: 400 for JSON that does not parse, for empty
-`input_ids`, or for more than STANDIN_CONTEXT (default 4096) input tokens; 401 to a POST without
-`Authorization: Bearer $STANDIN_API_KEY` when that is set (SGLang's --api-key).
+`input_ids`, or for more than STANDIN_CONTEXT (default 4096) input tokens. With --api-key KEY (or
+STANDIN_API_KEY), as SGLang 0.5.11's auth middleware (srt/utils/auth.py): every route but /health*
+and /metrics answers 401 {"error": "Unauthorized"} unless `Authorization: Bearer KEY`.
 """
 
 import http.server
@@ -110,6 +111,8 @@ token_delay = float(os.environ.get("STANDIN_TOKEN_DELAY", "0"))
 context = int(os.environ.get("STANDIN_CONTEXT", "4096"))
 counter = iter(range(1, 1 << 62))
 diverge_from = int(os.environ.get("STANDIN_DIVERGE_FROM", "-1"))
+API_KEY = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--api-key"), None) \
+    or os.environ.get("STANDIN_API_KEY")
 ALGORITHM = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--speculative-algorithm"), None)
 BLOCK = int(next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--speculative-num-draft-tokens"), "16"))
 
@@ -193,15 +196,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return False
         return True
 
+    def refused(self) -> bool:
+        """SGLang's middleware runs before any route: with a key, only /health* and /metrics are open;
+        the scheme is matched without case, the key exactly."""
+        if not API_KEY or self.path.startswith(("/health", "/metrics")):
+            return False
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() == "bearer" and given == API_KEY:
+            return False
+        self.send_json(401, {"error": "Unauthorized"})
+        return True
+
     def do_POST(self):
+        if self.refused():
+            return
         if not self.ready() or self.path not in ("/generate", "/v1/chat/completions"):
             self.send_json(404 if self.ready() else 503, {"error": {"message": f"no route {self.path}"}})
             return
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        key = os.environ.get("STANDIN_API_KEY")
-        if key and self.headers.get("Authorization") != f"Bearer {key}":
-            self.send_json(401, {"error": {"message": "Unauthorized", "code": 401}})
-            return
         try:
             body = json.loads(raw)
             if not isinstance(body, dict):
@@ -284,6 +296,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                        "total_tokens": n_in + n_out}})
 
     def do_GET(self):
+        if self.refused():
+            return
         ready = time.monotonic() - started >= ready_after
         if self.path == "/metrics":  # SGLang mounts it at start, before it is ready
             data = metrics.render().encode() if metrics is not None else b"Not Found"
