@@ -1,4 +1,4 @@
-"""The operations' own data files (data/): the router's and the rollout's unit directives.
+"""The operations' own data files (data/): the router's and the rollout's unit directives, the canary's defaults.
 
 nix/lib/router-unit.nix and nix/lib/rollout-unit.nix read the same files, so `dflashctl router-unit`
 and the NixOS module give one unit (tests/operations/test_router.py, test_rollout_unit.py).
@@ -19,3 +19,8 @@ def _read(name: str) -> str:
 def router_unit_data() -> dict:
     """router-unit.json: the router unit's directives and the router settings' defaults."""
     return json.loads(_read("router-unit.json"))
+
+
+def canary_data() -> dict:
+    """canary.json: the canary's defaults and bounds, what may be expected to change, the identity fields."""
+    return json.loads(_read("canary.json"))
