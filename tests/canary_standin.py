@@ -7,7 +7,7 @@ variant (smoke/oracle.py; smoke's `--pair broken`) once into `models` and names:
   broken  the same target with the broken pair's drafter (it reads one position off): about one
           token a step, outputs identical (DFLASH is lossless), as on the H200
   plain   the oracle target without speculative decoding
-  slower  oracle, every forward pass twice as long (slower kernels)
+  slower  oracle, every forward pass four times as long (slower kernels)
   refuses oracle whose context length is 8 tokens: SGLang's 400 to every canary prompt (16 tokens)
 Every forward pass takes STEP_DELAY_S, about what one verify step of the oracle pair took on the
 H200 (256 tokens in 16 steps, 0.0585 s: tests/data/smoke/h200-oracle). `Instance` runs one build on
@@ -46,7 +46,7 @@ def builds(models: Path, step_delay: float = STEP_DELAY_S) -> dict[str, Build]:
     made = {"oracle": Build("oracle", target + dflash + ("--speculative-draft-model-path", str(good.draft)), env),
             "broken": Build("broken", target + dflash + ("--speculative-draft-model-path", str(bad.draft)), env),
             "plain": Build("plain", target, env)}
-    made["slower"] = made["oracle"].with_env("slower", STANDIN_STEP_DELAY=str(2 * step_delay))
+    made["slower"] = made["oracle"].with_env("slower", STANDIN_STEP_DELAY=str(4 * step_delay))
     made["refuses"] = made["oracle"].with_env("refuses", STANDIN_CONTEXT="8")
     return made
 

@@ -2,9 +2,12 @@
 read again and judged, as a rollout does (tests/canary_standin.py: the smoke's oracle pair decoded
 from its files, its broken drafter, a plain target, a slower build, one that refuses the prompts).
 
-Speed is compared only between builds whose forward passes differ by a factor of two, or not at all
-(an identical build): each pass takes STEP (20 ms) so that a loaded machine's scheduling delays
-stay small beside it. Nothing is asserted about time itself.
+Speed is judged here at a threshold of 0.5 between builds whose forward passes differ four times, or
+not at all (an identical build), each pass 10-20 ms: so that no machine's load decides a test (on
+this 2-core machine under a load of 8 to 19, an identical build's ratio ranged 0.67 to 1.59 at 4 ms
+a pass, 0.92 to 1.09 at 20 ms). Whether the default threshold (0.8) holds over unchanged builds is
+the benchmark's question, with figures: benchmarks/canary_spread.py, docs/benchmarks.md. Nothing is
+asserted about time itself.
 """
 
 import json
@@ -21,15 +24,16 @@ from dflashctl.smoke import oracle
 from smoke_runner import DATA as SMOKE_DATA
 
 pytestmark = pytest.mark.slow
-STEP = 0.02  # the builds whose speed is compared
+STEP = 0.02  # the speculative builds whose speed is compared
+PLAIN = 0.01  # the plain ones (a pass a token)
 FAST = 0.004  # the builds judged on acceptance, outputs or errors (speed falls far, or is not compared)
-S = CanarySettings(tokens=64)
+S = CanarySettings(tokens=64, min_speed_ratio=0.5)
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     models = tmp_path_factory.mktemp("canary-models")
-    return {"slow": builds(models, STEP), "fast": builds(models, FAST)}
+    return {"slow": builds(models, STEP), "plain": builds(models, PLAIN), "fast": builds(models, FAST)}
 
 
 @pytest.fixture
@@ -119,11 +123,11 @@ def test_nothing_listening_is_an_error_not_an_exception():
 
 
 def test_a_plain_instance_is_held_to_its_speed(made, instance):
-    few = CanarySettings(tokens=32)  # plain decoding: a forward pass a token
-    _, after, v = rolled(instance, made["fast"]["plain"], made["fast"]["plain"], few)
+    few = CanarySettings(tokens=16, min_speed_ratio=0.5)  # plain decoding: a forward pass a token
+    _, after, v = rolled(instance, made["plain"]["plain"], made["plain"]["plain"], few)
     assert v.ok and after.accept_length is None and "accept" not in v.summary(), v.reasons
-    slower = made["fast"]["plain"].with_env("plain-slower", STANDIN_STEP_DELAY=str(2 * FAST))
-    _, _, v = rolled(instance, made["fast"]["plain"], slower, few)
+    slower = made["plain"]["plain"].with_env("plain-slower", STANDIN_STEP_DELAY=str(4 * PLAIN))
+    _, _, v = rolled(instance, made["plain"]["plain"], slower, few)
     assert not v.ok and [r.split(" from")[0] for r in v.reasons] == ["decode speed fell"]
 
 

@@ -236,8 +236,9 @@ def _fix(failed: set[str], changed: dict) -> str:
         fixes.append("its drafter accepts less on the new build: check draftModel, its revision and the "
                      "speculative settings, and roll back; if that is intended, pass --canary-expect drafter")
     if "speed" in failed:
-        fixes.append("it decodes slower on the new build: roll back; if that is intended, pass --canary-expect "
-                     "speed (or a lower --canary-min-speed-ratio)")
+        fixes.append("it decodes slower on the new build, or the host was busy (a rerun with --resume tells): "
+                     "roll back; if that is intended, pass --canary-expect speed (or a lower "
+                     "--canary-min-speed-ratio)")
     if "outputs" in failed:
         parts = [p for p in ("model", "stack") if p in changed] or ["stack"]
         fixes.append("the same requests decode differently: roll back; if the new " + " or ".join(parts)

@@ -3,8 +3,8 @@
 Parses its argv as SGLang 0.5.11 does (tests/data/sglang/strict_args.py, found beside this file or
 in ../sglang; STANDIN_DDTREE=1 adds the DDTree patch's flag and choice): a flag or choice SGLang
 0.5.11 does not have exits 2 with argparse's message, as there. Copied alone (the NixOS VM test)
-it says on its first line that it checks no flags. It uses --port, --host, --model-path and
---served-model-name, and behaves as STANDIN_MODE says:
+it says on its first line that it checks no flags. It uses --port, --host, --model-path,
+--served-model-name, the speculative flags and the load formats, and behaves as STANDIN_MODE says:
   healthy          /health_generate answers 503 for STANDIN_READY_AFTER seconds, then 200
   crash            logs a few lines, then exits 3 after STANDIN_READY_AFTER seconds (never ready)
   hang             listens, but /health_generate never answers 200
