@@ -167,6 +167,8 @@ def test_nothing_before_the_restart_is_not_compared_but_errors_still_fail():
     assert not judge(None, reading(errors=["the warm-up request: HTTP 503"]), S).ok
     broken_before = judge(reading(errors=["HTTP 500"], accept=None, tps=None), reading(), S)
     assert broken_before.ok and not broken_before.compared and "failed before the restart too" in broken_before.notes[0]
+    both = judge(reading(errors=["HTTP 400: too long"], accept=None, tps=None), reading(errors=["HTTP 400: too long"]), S)
+    assert not both.ok and both.fix.startswith("the canary failed before the restart too: its requests may not suit")
 
 
 def test_plain_instances_are_held_to_speed_only():

@@ -172,3 +172,12 @@ def test_without_a_pair_the_acceptance_knob_sets_the_verify_steps(tmp_path, inst
     assert before.accept_length == 16.0 and after.accept_length == 4.0  # 64 tokens: 4 and 16 verify steps
     assert not v.ok and v.reasons[0].startswith("acceptance length fell from 16 to 4 (0.25x") and v.changed == {}
     assert v.outputs["verdict"] == "identical"
+
+
+def test_a_request_that_does_not_end_in_time_ends_the_reading(made, instance):
+    """Each chunk in time, the whole answer not: the limit is on the request, not on one read."""
+    crawling = made["fast"]["oracle"].with_env("crawling", STANDIN_STEP_DELAY="0.2")
+    inst = instance(crawling)
+    r = canary.measure(inst.url, None, S, timeout=0.5)
+    assert r.errors == ["the warm-up request: not answered whole within 0.5 s"] and r.outputs == []
+    assert canary.request_limit(128) == 92.0 and canary.request_limit(4096) > 1000  # the default scales

@@ -23,8 +23,8 @@ The rollout engine's API (the one place it calls per instance):
     if not verdict.ok: fail the step with f"{name}: {verdict.what}" and verdict.fix, before putting it back
 
 `measure` never raises for what the instance does: a request that fails (HTTP error, a dropped
-connection, a wrong answer, `timeout` seconds without the whole answer) ends the reading early with
-the error in `Reading.errors`, which `judge` fails. `Reading.to_json()` / `Reading.from_json()` keep
+connection, a wrong answer, no whole answer within `request_limit(tokens)` seconds) ends the reading
+early with the error in `Reading.errors`, which `judge` fails. `Reading.to_json()` / `Reading.from_json()` keep
 the reading taken before a restart in the rollout's state for `--resume`. `extra_identity` adds what
 the caller knows of the definition (e.g. the stack's store path) to the identity's "stack" part.
 
@@ -266,7 +266,7 @@ def _read_stream(resp, t0: float, tokens: int, timeout: float) -> Sample | str:
     incremental: list = []
     for raw in iter(resp.readline, b""):
         if time.perf_counter() - t0 > timeout:
-            return f"not answered whole within {timeout:.0f} s"
+            return f"not answered whole within {timeout:g} s"
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue
@@ -291,12 +291,21 @@ def _headers(api_key: str | None) -> dict:
     return {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
 
 
+def request_limit(tokens: int) -> float:
+    """Seconds one canary request may take whole: a minute, plus a quarter second a token (a drafter
+    that accepts nothing makes each token a verify step of the whole target)."""
+    return 60.0 + 0.25 * tokens
+
+
+SILENCE_S = 120.0  # no byte from the instance for this long: it hangs, whatever the limit above
+
+
 def generate(base_url: str, api_key: str | None, ids: list[int], tokens: int, timeout: float) -> Sample | str:
     """One streamed greedy /generate of exactly `tokens` tokens: its Sample, or what went wrong."""
     u = urlsplit(base_url)
     body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": tokens, "ignore_eos": True},
             "stream": True}
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=min(timeout, SILENCE_S))
     t0 = time.perf_counter()
     try:
         conn.request("POST", "/generate", body=json.dumps(body), headers=_headers(api_key))
@@ -349,9 +358,11 @@ def _figures(rows: list[list[Sample]]) -> dict:
 
 
 def measure(base_url: str, api_key: str | None, settings: CanarySettings, say=None,
-            extra_identity: dict | None = None, timeout: float = 120.0) -> Reading:
-    """The instance alone: a warm-up request, then every prompt `settings.repeats` times (module docstring)."""
+            extra_identity: dict | None = None, timeout: float | None = None) -> Reading:
+    """The instance alone: a warm-up request, then every prompt `settings.repeats` times (module docstring).
+    `timeout`: seconds a request may take whole (default request_limit(settings.tokens))."""
     t0 = time.monotonic()
+    timeout = timeout or request_limit(settings.tokens)
     questions = prompts(settings.prompts)
     asked = {"prompts": settings.prompts, "tokens": settings.tokens, "repeats": settings.repeats}
     if say:

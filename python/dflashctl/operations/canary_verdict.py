@@ -228,9 +228,12 @@ def _judge_outputs(before: Reading, after: Reading, changed: dict, judged: bool,
     return {"verdict": "differs", "first_divergence": asdict(d), "expected": not judged}, judged
 
 
-def _fix(failed: set[str], changed: dict) -> str:
+def _fix(failed: set[str], changed: dict, failed_before: bool) -> str:
     fixes = []
-    if "errors" in failed:
+    if "errors" in failed and failed_before:
+        fixes.append("the canary failed before the restart too: its requests may not suit this instance (more "
+                     "--canary-tokens than its context length?); read the error and the instance's journal")
+    elif "errors" in failed:
         fixes.append("read the instance's journal: the new build fails requests; roll back or fix it")
     if "acceptance" in failed:
         fixes.append("its drafter accepts less on the new build: check draftModel, its revision and the "
@@ -281,6 +284,7 @@ def judge(before: Reading | None, after: Reading, s: CanarySettings) -> Verdict:
         if differs:
             failed.add("outputs")
         notes += _expected_but_same(s.expect_change, changed)
+    fix = _fix(failed, changed, failed_before=before is not None and bool(before.errors))
     return Verdict(ok=not reasons, compared=comparable, reasons=reasons, notes=notes, acceptance=acc, speed=spd,
-                   outputs=outputs, changed=changed, expected=sorted(s.expect_change), fix=_fix(failed, changed),
+                   outputs=outputs, changed=changed, expected=sorted(s.expect_change), fix=fix,
                    asked={"prompts": after.prompts, "tokens": after.tokens, "repeats": after.repeats})
