@@ -181,3 +181,12 @@ def test_a_request_that_does_not_end_in_time_ends_the_reading(made, instance):
     r = canary.measure(inst.url, None, S, timeout=0.5)
     assert r.errors == ["the warm-up request: not answered whole within 0.5 s"] and r.outputs == []
     assert canary.request_limit(128) == 92.0 and canary.request_limit(4096) > 1000  # the default scales
+
+
+def test_what_the_caller_knows_of_the_definition_joins_the_stack(made, instance):
+    inst = instance(made["fast"]["oracle"])
+    old = canary.measure(inst.url, None, S, extra_identity={"stack_path": "/nix/store/aaa-dflash-env"})
+    new = canary.measure(inst.url, None, S, extra_identity={"stack_path": "/nix/store/bbb-dflash-env"})
+    assert old.identity["stack"]["version"] == "0.5.11" and old.identity["stack"]["attention_backend"] is None
+    v = canary.judge(old, new, S)
+    assert v.changed == {"stack": {"stack_path": ["/nix/store/aaa-dflash-env", "/nix/store/bbb-dflash-env"]}}

@@ -8,14 +8,15 @@ request that is not counted, as SGLang's native streamed `/generate` (greedy, `i
 `tokens` new tokens), and reads from the same requests: the output ids, the acceptance length
 (0.5.11's last `meta_info`: completion_tokens / spec_verify_ct), and the decode speed (tokens after
 the first streamed chunk over the client's time from that chunk to the last: the prefill and the
-radix cache stay out of it). Each prompt's median over the repeats enters the figures, so one stall
-of the machine moves nothing. Its identity is /server_info's fields that name the model, the drafter
-and the stack (data/canary.json). canary_verdict.py judges two readings.
+radix cache stay out of it). Each prompt's median over the repeats enters the figures, so a stall in
+one repeat does not move them. Its identity is /server_info's fields that name the model, the
+drafter and the stack (data/canary.json). canary_verdict.py judges two readings.
 
 The rollout engine's API (the one place it calls per instance):
 
     canary.add_arguments(parser)                 # the rollout's canary flags (--canary-*, --no-canary)
     settings = canary.settings_of(args)          # CanarySettings; DflashError(CONFIG) for nonsense
+    # settings.enabled False (--no-canary): nothing below runs
     before = canary.measure(url, key, settings, say)    # out of the router and drained, before the restart
     after = canary.measure(url, key, settings, say)     # ready again, still out of the router
     verdict = canary.judge(before, after, settings)     # before None: it did not answer before
@@ -24,9 +25,10 @@ The rollout engine's API (the one place it calls per instance):
 
 `measure` never raises for what the instance does: a request that fails (HTTP error, a dropped
 connection, a wrong answer, no whole answer within `request_limit(tokens)` seconds) ends the reading
-early with the error in `Reading.errors`, which `judge` fails. `Reading.to_json()` / `Reading.from_json()` keep
-the reading taken before a restart in the rollout's state for `--resume`. `extra_identity` adds what
-the caller knows of the definition (e.g. the stack's store path) to the identity's "stack" part.
+early with the error in `Reading.errors`, which `judge` fails. `Reading.to_json()` keeps the reading
+taken before a restart in the rollout's state for `--resume`, `Reading.from_json()` reads it back
+(ValueError for what is not one). `extra_identity` adds what the caller knows of the definition
+(e.g. the stack's store path) to the identity's "stack" part.
 
 `ask`, `Answers` and `first_divergence` below are the comparison of outputs alone that rollout.py
 used before this API; they go once it calls `measure` and `judge`.
