@@ -68,10 +68,6 @@ class Reading:
     repeats: int = 0
     seconds: float = 0.0
 
-    @property
-    def speculative(self) -> bool:
-        return bool((self.identity.get("drafter") or {}).get("speculative_algorithm"))
-
     def to_json(self) -> dict:
         d = asdict(self)
         for k in ("accept_length", "decode_tps", "ttft_s", "seconds"):
