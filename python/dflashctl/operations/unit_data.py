@@ -1,4 +1,4 @@
-"""The operations' own data files (data/): the router's and the rollout's unit directives.
+"""The operations' own data files (data/): the router's and the rollout's unit directives, the canary's defaults.
 
 nix/lib/router-unit.nix and nix/lib/rollout-unit.nix read the same files, so `dflashctl router-unit`
 and the NixOS module give one unit (tests/operations/test_router.py, test_rollout_unit.py).
@@ -24,3 +24,8 @@ def router_unit_data() -> dict:
 def rollout_unit_data() -> dict:
     """rollout-unit.json: dflash-rollout.service's directives (its StateDirectory holds the rollout's state)."""
     return json.loads(_read("rollout-unit.json"))
+
+
+def canary_data() -> dict:
+    """canary.json: the canary's defaults and bounds, what may be expected to change, the identity fields."""
+    return json.loads(_read("canary.json"))

@@ -3,8 +3,8 @@
 Parses its argv as SGLang 0.5.11 does (tests/data/sglang/strict_args.py, found beside this file or
 in ../sglang; STANDIN_DDTREE=1 adds the DDTree patch's flag and choice): a flag or choice SGLang
 0.5.11 does not have exits 2 with argparse's message, as there. Copied alone (the NixOS VM test)
-it says on its first line that it checks no flags. It uses --port, --host, --model-path and
---served-model-name, and behaves as STANDIN_MODE says:
+it says on its first line that it checks no flags. It uses --port, --host, --model-path,
+--served-model-name, the speculative flags and the load formats, and behaves as STANDIN_MODE says:
   healthy          /health_generate answers 503 for STANDIN_READY_AFTER seconds, then 200
   crash            logs a few lines, then exits 3 after STANDIN_READY_AFTER seconds (never ready)
   hang             listens, but /health_generate never answers 200
@@ -38,20 +38,39 @@ SGLang 0.5.11's JSON shapes: GET /health, /v1/models, /model_info, /server_info;
 /v1/chat/completions, each as JSON or as a server-sent event stream ("stream": true). Every answer
 names the port that served it (`meta_info.id` / `id` start with "standin-<port>-"), so a test can
 count where a router sent each request. STANDIN_TOKEN_DELAY seconds pass per generated token
-(default 0). Greedy output ids follow the prompt (the same prompt, the same ids: a rollout's canary
-compares them), from token STANDIN_DIVERGE_FROM on shifted by one (a build that decodes differently).
+(default 0), and STANDIN_STEP_DELAY seconds per forward pass (default 0: the prefill's, then one per
+decode step, or per verify step under --speculative-algorithm): a slower build is a definition with a
+larger one (slower kernels make every pass slower). Greedy output ids follow the prompt (the same
+prompt, the same ids: a rollout's canary compares them), from token STANDIN_DIVERGE_FROM on shifted
+by one (a build that decodes differently).
+When --model-path is a directory with a config.json (the smoke's oracle pair, smoke/oracle.py), the
+models are decoded from their files as the smoke's stand-in SGLang decodes them
+(../smoke/fake_sglang/sglang/standin_model.py): the target's greedy rule, and under
+--speculative-algorithm DFLASH's verify loop with the drafter --speculative-draft-model-path names,
+so the smoke's broken drafter (`--pair broken`) accepts about one token per step, as on the H200,
+while the outputs stay the same (DFLASH is lossless). Its prompts must be token ids the pair's rule
+can continue (at least 15 of [10, 1000)); others get a 400, as from the smoke's stand-in.
+A speculative /generate streams one chunk per verify step and ends with 0.5.11's counters in its last
+`meta_info` (spec_accept_length = completion_tokens / spec_verify_ct, spec_verify_ct,
+spec_accepted_drafts, spec_proposed_drafts, spec_accept_rate); without a pair the verify steps
+commit the acceptance length below.
 GET /v1/loads answers as SGLang 0.5.11 does, with the requests this process is answering. With
 --enable-metrics, GET /metrics serves SGLang 0.5.11's families from a recording, moving with this
 process's requests (standin_metrics.py); with --speculative-algorithm the acceptance length is 15.75
-(the recording's), or the number in the file STANDIN_ACCEPT_LENGTH_FILE, read at each scrape (a
-test lowers it there); /v1/loads and /server_info report it too. Bad requests get SGLang's answers: 400 for JSON that does not parse, for empty
-`input_ids`, or for more than STANDIN_CONTEXT (default 4096) input tokens. With --api-key KEY (or
-STANDIN_API_KEY), as SGLang 0.5.11's auth middleware (srt/utils/auth.py): every route but /health*
-and /metrics answers 401 {"error": "Unauthorized"} unless `Authorization: Bearer KEY`.
+(the recording's), or the number in the file STANDIN_ACCEPT_LENGTH_FILE, read at each scrape and at
+each request (a test lowers it there; a definition naming another file is a build that accepts
+less), or with a pair what it served; /v1/loads and /server_info report it too. /server_info holds
+every ServerArgs field as parsed (model, revision, drafter, backends), as 0.5.11's does. Bad requests
+get SGLang's answers: 400 for JSON that does not parse, for empty `input_ids`, or for more than
+STANDIN_CONTEXT (default 4096) input tokens. With --api-key KEY (or STANDIN_API_KEY), as SGLang
+0.5.11's auth middleware (srt/utils/auth.py): every route but /health* and /metrics answers 401
+{"error": "Unauthorized"} unless `Authorization: Bearer KEY`.
 """
 
 import http.server
+import importlib.util
 import json
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -60,19 +79,22 @@ import sys
 import threading
 import time
 
-def sglang_flags_checked() -> bool:
-    """Parse argv with SGLang 0.5.11's arguments where their facts are at hand; exit 2 on a refusal."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for d in (here, os.path.join(os.path.dirname(here), "sglang")):
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def sglang_flags_checked():
+    """(strict_args, the namespace SGLang 0.5.11's parser gives argv) where their facts are at hand,
+    else (None, None); exit 2 on a refusal."""
+    for d in (HERE, os.path.join(os.path.dirname(HERE), "sglang")):
         if os.path.exists(os.path.join(d, "strict_args.py")):
             sys.path.insert(0, d)
             import strict_args
-            strict_args.parse(sys.argv[1:], ddtree=os.environ.get("STANDIN_DDTREE") == "1")
-            return True
-    return False
+            return strict_args, strict_args.parse(sys.argv[1:], ddtree=os.environ.get("STANDIN_DDTREE") == "1")
+    return None, None
 
 
-checked = sglang_flags_checked()
+strict_args, parsed = sglang_flags_checked()
+checked = parsed is not None
 mode = os.environ.get("STANDIN_MODE", "healthy")
 ready_after = float(os.environ.get("STANDIN_READY_AFTER", "0.5"))
 die_after = float(os.environ.get("STANDIN_DIE_AFTER", "0.3"))
@@ -108,6 +130,7 @@ if IS_SERVER:
 MODEL = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--served-model-name"),
              next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model-path"), "standin-model"))
 token_delay = float(os.environ.get("STANDIN_TOKEN_DELAY", "0"))
+step_delay = float(os.environ.get("STANDIN_STEP_DELAY", "0"))
 context = int(os.environ.get("STANDIN_CONTEXT", "4096"))
 counter = iter(range(1, 1 << 62))
 diverge_from = int(os.environ.get("STANDIN_DIVERGE_FROM", "-1"))
@@ -117,15 +140,54 @@ ALGORITHM = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--specul
 BLOCK = int(next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--speculative-num-draft-tokens"), "16"))
 
 
+def flag(name: str, default: str | None = None) -> str | None:
+    return next((args[i + 1] for i, a in enumerate(args[:-1]) if a == name), default)
+
+
+def load_pair():
+    """The models --model-path and --speculative-draft-model-path name, read by the smoke's stand-in
+    SGLang's own reader (standin_model.py), when --model-path is a directory with a config.json and
+    that reader is at hand; None otherwise (the ids rule of output_ids below)."""
+    path = flag("--model-path")
+    reader = os.path.join(os.path.dirname(HERE), "smoke", "fake_sglang", "sglang", "standin_model.py")
+    if not path or not os.path.isfile(os.path.join(path, "config.json")) or not os.path.isfile(reader):
+        return None
+    spec = importlib.util.spec_from_file_location("standin_model", reader)
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    target, eos = model.load_target(path, flag("--load-format") == "dummy")
+    drafter, block = None, 1
+    if ALGORITHM is not None:
+        draft = flag("--speculative-draft-model-path", "")
+        drafter = model.load_drafter(draft, flag("--speculative-draft-load-format") == "dummy", target)
+        given = flag("--speculative-num-draft-tokens") or flag("--speculative-dflash-block-size")
+        block = model.block_size(draft, int(given) if given else None)
+    print(f"standin: decoding {type(target).__name__} / {type(drafter).__name__ if drafter else None} "
+          f"from {path}, block {block}", flush=True)
+    return model, target, drafter, block, eos
+
+
+served = {"tokens": 0, "verify": 0}  # what this process decoded speculatively (the pair's acceptance)
+served_lock = threading.Lock()
+
+
 def accept_length() -> float | None:
-    """The number in STANDIN_ACCEPT_LENGTH_FILE (a test lowers it there), else the recording's 15.75
-    (the oracle drafter, block 16); None without --speculative-algorithm."""
+    """The number in STANDIN_ACCEPT_LENGTH_FILE (a test lowers it there), else with a pair what it
+    served, else the recording's 15.75 (the oracle drafter, block 16); None without
+    --speculative-algorithm."""
     if ALGORITHM is None:
         return None
     try:
         return float(open(os.environ["STANDIN_ACCEPT_LENGTH_FILE"]).read().strip())
     except (KeyError, OSError, ValueError):
-        return 15.75
+        pass
+    with served_lock:
+        if PAIR is not None and served["verify"]:
+            return served["tokens"] / served["verify"]
+    return 15.75
+
+
+PAIR = load_pair()
 
 
 if "--enable-metrics" in args:  # only then: standin_metrics.py and its recording are beside this file
@@ -142,6 +204,46 @@ def output_ids(prompt: list, n: int) -> list[int]:
     seed = sum((i + 1) * int(t) for i, t in enumerate(prompt)) if isinstance(prompt, list) else len(prompt)
     ids = [(seed * 31 + k * 7) % 990 + 10 for k in range(n)]
     return [t + 1 if 0 <= diverge_from <= k else t for k, t in enumerate(ids)]
+
+
+class Undecodable(Exception):
+    """A prompt the pair's rule cannot continue (SGLang would decode something; the rule cannot)."""
+
+
+def decode(prompt, n: int) -> dict:
+    """{"ids", "commits" (tokens each forward pass adds: the prefill's, then each step's), "verify",
+    "accepted", "proposed"} of one greedy request of n tokens."""
+    if PAIR is not None and isinstance(prompt, list):
+        model, target, drafter, block, eos = PAIR
+        s = model.Sampling(max_new_tokens=n, temperature=0, ignore_eos=True)
+        try:
+            d = model.decode(target, drafter, block, [int(t) for t in prompt], s, eos,
+                             {diverge_from: 1} if diverge_from >= 0 else None)
+        except ValueError as e:
+            raise Undecodable(str(e)) from None
+        out = {"ids": d.ids, "commits": d.commits, "verify": d.verify_ct, "accepted": d.accepted,
+               "proposed": d.proposed}
+    else:
+        ids = output_ids(prompt, n)
+        out = {"ids": ids, "commits": [1] * n, "verify": 0, "accepted": 0, "proposed": 0}
+        if ALGORITHM is not None and n > 1:  # the prefill's token, then steps of the acceptance length
+            steps = max(1, min(n - 1, math.ceil((n - 1) / max(accept_length(), 1.0))))
+            out["commits"] = [1] + [(n - 1) // steps + (k < (n - 1) % steps) for k in range(steps)]
+            out.update(verify=steps, accepted=n - 1 - steps, proposed=steps * (BLOCK - 1))
+    if out["verify"]:
+        with served_lock:
+            served["tokens"] += len(out["ids"])
+            served["verify"] += out["verify"]
+    return out
+
+
+def spec_meta(d: dict) -> dict:
+    """0.5.11's speculative counters, on a request's last meta_info (absent when nothing was verified)."""
+    if not d["verify"]:
+        return {}
+    return {"spec_accept_rate": d["accepted"] / d["proposed"] if d["proposed"] else 0.0,
+            "spec_accept_length": len(d["ids"]) / d["verify"], "spec_accepted_drafts": d["accepted"],
+            "spec_proposed_drafts": d["proposed"], "spec_verify_ct": d["verify"]}
 
 
 def loads() -> dict:
@@ -188,9 +290,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         elif self.path.split("?")[0] == "/v1/loads":
             self.send_json(200, loads())
         elif self.path in ("/server_info", "/get_server_info"):
-            self.send_json(200, {"model_path": MODEL, "served_model_name": MODEL, "port": port,
-                                 "host": host, "tp_size": 1, "dp_size": 1, "version": "0.5.11",
-                                 "speculative_algorithm": ALGORITHM,
+            fields = strict_args.server_info_fields(parsed) if checked else {}
+            self.send_json(200, {**fields, "model_path": flag("--model-path", MODEL), "served_model_name": MODEL,
+                                 "port": port, "host": host, "tp_size": fields.get("tp_size", 1),
+                                 "dp_size": fields.get("dp_size", 1), "version": "0.5.11",
+                                 "speculative_algorithm": ALGORITHM, "status": "ready",
                                  "internal_states": [{"avg_spec_accept_length": accept_length()}]})
         else:
             return False
@@ -252,18 +356,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def answer(self, path: str, body: dict, rid: str, n_in: int, n_out: int) -> None:
         t0 = time.monotonic()
         chat = path == "/v1/chat/completions"
+        if not chat:
+            try:
+                d = decode(body.get("input_ids") or body.get("text") or [], n_out)
+            except Undecodable as e:
+                self.send_json(400, {"error": {"message": str(e), "code": 400}})
+                return
+            if body.get("stream"):
+                self.stream_steps(d, rid, n_in, t0)
+                return
+            time.sleep(step_delay * len(d["commits"]) + token_delay * n_out)
+            self.send_json(200, self.generated(d, len(d["ids"]), rid, n_in, t0, True))
+            return
         ids = output_ids(body.get("input_ids") or body.get("text") or [], n_out)
 
         def piece(i: int, last: bool) -> dict:
-            finish = {"type": "length", "length": n_out} if last else None
-            if chat:
-                return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
-                        "model": MODEL, "choices": [{"index": 0, "delta": {"content": f" t{i}"},
-                                                     "finish_reason": "length" if last else None}]}
-            return {"text": "".join(f" t{j}" for j in range(i + 1)), "output_ids": ids[:i + 1],
-                    "meta_info": {"id": rid, "finish_reason": finish, "prompt_tokens": n_in,
-                                  "completion_tokens": i + 1, "cached_tokens": 0,
-                                  "e2e_latency": time.monotonic() - t0}}
+            return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+                    "model": MODEL, "choices": [{"index": 0, "delta": {"content": f" t{i}"},
+                                                 "finish_reason": "length" if last else None}]}
 
         if body.get("stream"):
             self.send_response(200)
@@ -272,7 +382,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             last = t0
             for i in range(n_out):
-                time.sleep(token_delay)
+                time.sleep(step_delay + token_delay)
                 self.wfile.write(b"data: " + json.dumps(piece(i, i == n_out - 1)).encode() + b"\n\n")
                 self.wfile.flush()
                 now = time.monotonic()
@@ -283,17 +393,47 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 last = now
             self.wfile.write(b"data: [DONE]\n\n")
             return
-        time.sleep(token_delay * n_out)
-        if not chat:
-            out = piece(n_out - 1, True) if n_out else piece(-1, True)
-            self.send_json(200, out)
-            return
+        time.sleep((step_delay + token_delay) * n_out)
         text = "".join(f" t{i}" for i in range(n_out))
         self.send_json(200, {"id": rid, "object": "chat.completion", "created": int(time.time()),
                              "model": MODEL, "choices": [{"index": 0, "finish_reason": "length",
                                                           "message": {"role": "assistant", "content": text}}],
                              "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
                                        "total_tokens": n_in + n_out}})
+
+    def generated(self, d: dict, upto: int, rid: str, n_in: int, t0: float, last: bool) -> dict:
+        """A /generate answer (or streamed chunk) holding the first `upto` ids, in 0.5.11's shape."""
+        n = len(d["ids"])
+        meta = {"id": rid, "finish_reason": {"type": "length", "length": n} if last else None,
+                "prompt_tokens": n_in, "weight_version": "default", "total_retractions": 0,
+                "reasoning_tokens": 0, "completion_tokens": upto, "cached_tokens": 0,
+                "cached_tokens_details": {"device": 0, "host": 0}, "dp_rank": None,
+                "e2e_latency": time.monotonic() - t0}
+        if last:
+            meta.update(spec_meta(d))
+        return {"text": "".join(f" t{j}" for j in range(upto)), "output_ids": d["ids"][:upto], "meta_info": meta}
+
+    def stream_steps(self, d: dict, rid: str, n_in: int, t0: float) -> None:
+        """Server-sent events, one per forward pass (the prefill's token, then each decode or verify
+        step's), cumulative ids as SGLang 0.5.11 streams them by default, then [DONE]."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        last, upto = t0, 0
+        for i, c in enumerate(d["commits"]):
+            time.sleep(step_delay + token_delay * c)
+            upto += c
+            chunk = self.generated(d, upto, rid, n_in, t0, i == len(d["commits"]) - 1)
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+            now = time.monotonic()
+            if metrics is not None:
+                if i == 0:
+                    metrics.first_token(now - t0)
+                metrics.token(None if i == 0 else now - last)
+            last = now
+        self.wfile.write(b"data: [DONE]\n\n")
 
     def do_GET(self):
         if self.refused():
