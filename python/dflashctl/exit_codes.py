@@ -77,6 +77,13 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
     "rollout": {e.CONFIG: "the settings, the router's or an option are refused, or the state directory "
                           "cannot be used",
                 e.ROLLOUT_STOPPED: None, e.ROLLOUT_BUSY: None},
+    "upgrade": {e.FAILED: "the new build did not install (nothing was restarted), or after the rollout an "
+                          "instance does not run it",
+                e.INPUT: "--requirements or --glue is unreadable",
+                e.CONFIG: "the settings, an option or a tool the step needs (systemctl, nix) are refused or missing",
+                e.OUTPUT: "--root, --units-dir or the state directory cannot be written",
+                e.ROLLOUT_STOPPED: "the rollout stopped: the instances it did not reach still serve the old build",
+                e.ROLLOUT_BUSY: None},
     "models": {e.FAILED: "a download or its verification failed, or status: a model is not whole in "
                          "the cache",
                e.CONFIG: None, e.OUTPUT: "the cache directory cannot be written"},
