@@ -61,14 +61,16 @@ def dflashctl_of(build: Build) -> list[str]:
 def write_units(build: Build, files: list[str], units_dir: Path) -> dict[Path, bytes | None]:
     """Each instance's unit, rendered for the new build; returns what each file held before."""
     before: dict[Path, bytes | None] = {}
-    argv0 = dflashctl_of(build)
+    renderer = [*dflashctl_of(build), "unit", "--python", str(build.python)]
+    if build.dflashctl is None:  # the units run the dflashctl running this step
+        renderer += ["--dflashctl", unit.default_dflashctl()]
     for f in files:
         for cfg in rollout_plan.load_instances([f]):
             path = units_dir / unit.unit_name(cfg)
             before[path] = path.read_bytes() if path.exists() else None
             multi = ["--name", cfg.name] if "instances" in json.loads(Path(f).read_text()) else []
-            argv = [*argv0, "unit", "--config", os.path.abspath(f), *multi, "--python", str(build.python),
-                    "--config-path", os.path.abspath(f), "-o", str(path)]
+            argv = [*renderer, "--config", os.path.abspath(f), *multi, "--config-path", os.path.abspath(f),
+                    "-o", str(path)]
             r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
             if r.returncode != 0:
                 restore_units(before)
@@ -198,6 +200,8 @@ def check_args(args) -> list[str]:
         raise DflashError(f"unexpected argument {extra[0]!r}", "options for the rollout come after `--`",
                           "write e.g. `dflashctl upgrade ... -- --require-identical`", USAGE)
     owned = [a for a in extra if a.split("=", 1)[0] in OWNED]
+    if "--json" in extra:
+        args.json = True  # asked for JSON, in the wrong place: the refusal comes as JSON too
     if owned:
         raise DflashError(f"{', '.join(owned)} after `--` is set by upgrade itself",
                           "upgrade passes the instances, router, restart command, state directory and --json",
