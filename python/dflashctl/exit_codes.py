@@ -88,6 +88,7 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
                          "the cache",
                e.CONFIG: None, e.OUTPUT: "the cache directory cannot be written"},
     "status": {e.FAILED: "something is unhealthy (each problem listed)",
+               e.INPUT: "--host: a file is unreadable or not a `status --json` report",
                e.CONFIG: "the instances' or the router's settings are invalid or unreadable, or an option "
                          "names no instance"},
     "monitoring": {e.CONFIG: "the instances' or the router's settings are invalid or unreadable, or an "
