@@ -92,7 +92,8 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
                e.CONFIG: "the instances' or the router's settings are invalid or unreadable, or an option "
                          "names no instance"},
     "monitoring": {e.CONFIG: "the instances' or the router's settings are invalid or unreadable, or an "
-                             "option names no instance or alert",
+                             "option names no instance or alert, or the fleet's hosts' files disagree",
+                   e.INPUT: "--host/--from: a host's scrape.json or rules.json is unreadable or not one",
                    e.OUTPUT: None},
     "smoke": {e.FAILED: "a run failed: a server died, a response was empty, or speculative decoding "
                         "was not active",
