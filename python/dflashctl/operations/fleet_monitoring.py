@@ -153,6 +153,9 @@ def texts(host_args: list[str], directory: str | None, want: dict[str, bool]) ->
     if not directory:
         raise DflashError("--host without --from", "the hosts' own monitoring files are read from DIR/<NAME>/",
                           "pass --from DIR", USAGE)
+    if not host_args:
+        raise DflashError("--from without --host", "the fleet's files are made for the hosts named",
+                          "name each host with --host NAME=ADDRESS (its files in DIR/NAME/)", USAGE)
     hosts = parse_hosts(host_args)
     root = Path(directory)
     out = {}
