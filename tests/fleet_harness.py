@@ -26,6 +26,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 import uuid
 import zipfile
 from pathlib import Path
@@ -228,3 +230,50 @@ class Fleet:
                         proc.wait()
             subprocess.run(["ip", "netns", "del", h.ns], capture_output=True, timeout=30)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
+
+
+class Prometheus:
+    """Debian's prometheus on 127.0.0.1 of the machine, scraping what `scrape_configs` names."""
+
+    def __init__(self, bin_dir: Path, tmp: Path, scrape_configs: list[dict], rules: str):
+        self.bin, self.tmp = bin_dir / "prometheus", tmp
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        (tmp / "prometheus.json").write_text(json.dumps({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [rules], "scrape_configs": scrape_configs}))
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Prometheus":
+        log = self.tmp / "prometheus.log"
+        self.proc = subprocess.Popen([str(self.bin), "--config.file=prometheus.json", "--storage.tsdb.path=tsdb",
+                                      f"--web.listen-address=127.0.0.1:{self.port}"], cwd=self.tmp,
+                                     stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        _wait_port("127.0.0.1", self.port, 60, "prometheus", log)
+        return self
+
+    def query(self, q: str) -> list:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                body = json.loads(r.read())
+        except OSError:
+            return []
+        return body["data"]["result"] if body.get("status") == "success" else []
+
+    def until(self, read, want, timeout: float = 90.0):
+        """`read()` until it equals `want` or `timeout` passes; its last value."""
+        deadline = time.monotonic() + timeout
+        while (got := read()) != want and time.monotonic() < deadline:
+            time.sleep(1)
+        return got
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 from dflashctl.operations import upgrade_build
-from fleet_harness import REPO, Fleet, needs_fleet, stack_wheel
+from conftest import prometheus_or_skip
+from fleet_harness import REPO, Fleet, Prometheus, needs_fleet, stack_wheel
 from router_harness import Load, Router, generate_body, needs_router
 
 pytestmark = [needs_router, needs_fleet, pytest.mark.slow]
@@ -31,7 +32,7 @@ pytestmark = [needs_router, needs_fleet, pytest.mark.slow]
 # --require-identical. For "a build whose acceptance falls", give the instances a speculative algorithm
 # (the stand-in then reports acceptance), make BAD_BUILD lower it (STANDIN_ACCEPT_LENGTH_FILE) and
 # drop --require-identical from JUDGE.
-INSTANCES = {name: {"model": "standin-model", "port": port,
+INSTANCES = {name: {"model": "standin-model", "port": port, "host": "0.0.0.0",  # the fleet's Prometheus scrapes it
                     "environment": {"STANDIN_READY_AFTER": "1.0", "STANDIN_TOKEN_DELAY": "0.002"}}
              for name, port in (("gpu0", 30000), ("gpu1", 30001))}
 BAD_BUILD = {"STANDIN_DIVERGE_FROM": "0"}
@@ -80,8 +81,10 @@ def fleet(tmp_path_factory):
                 os.environ[k] = v
 
 
-def play(fleet: Fleet, build: str, tmp: Path) -> tuple[subprocess.CompletedProcess, float]:
-    """ansible-playbook over the three hosts with `build`'s requirements; (its result, seconds)."""
+def play(fleet: Fleet, build: str, tmp: Path, playbook: Path = PLAYBOOK,
+         **more: object) -> tuple[subprocess.CompletedProcess, float]:
+    """ansible-playbook over the three hosts with `build`'s requirements (and `more` inventory
+    variables); (its result, seconds)."""
     def per_host(h):
         agent = h.agent_info()
         return {"dflash_root": str(h.root), "dflash_settings_dir": str(h.dir / "etc" / "dflash"),
@@ -90,7 +93,7 @@ def play(fleet: Fleet, build: str, tmp: Path) -> tuple[subprocess.CompletedProce
     common = {"dflash_instances": INSTANCES, "dflash_requirements": str(fleet.reqs[build]),
               "dflash_python": sys._base_executable, "dflash_dflashctl": str(BIN / "dflashctl"),
               "dflash_rollout_args": ROLLOUT_ARGS,
-              "dflash_environment": {**fleet.pip_env, "TMPDIR": os.environ.get("TMPDIR", "/tmp")}}
+              "dflash_environment": {**fleet.pip_env, "TMPDIR": os.environ.get("TMPDIR", "/tmp")}, **more}
     inventory = tmp / f"inventory-{build}.yml"
     inventory.write_text(json.dumps(fleet.inventory(common, per_host)))  # JSON is YAML
     (tmp / "cp").mkdir(exist_ok=True)
@@ -104,9 +107,9 @@ def play(fleet: Fleet, build: str, tmp: Path) -> tuple[subprocess.CompletedProce
     env = dict(os.environ, ANSIBLE_CONFIG=str(cfg), ANSIBLE_HOME=str(tmp / "ansible-home"),
                ANSIBLE_NOCOLOR="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     t0 = time.monotonic()
-    r = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOK), "-v"], env=env,
+    r = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(playbook), "-v"], env=env,
                        capture_output=True, text=True, timeout=900)
-    (tmp / f"play-{build}.log").write_text(r.stdout + r.stderr)  # kept for a failing run's reader
+    (tmp / f"play-{playbook.stem}-{build}.log").write_text(r.stdout + r.stderr)  # kept for a failing run's reader
     return r, time.monotonic() - t0
 
 
@@ -154,7 +157,8 @@ def test_the_fleet_upgrades_host_by_host_and_answers_every_request(fleet, tmp_pa
     assert order == [h.name for h in fleet.hosts], windows  # the inventory's order: host1 is the canary host
     spans = [windows[n] for n in order]
     assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), spans  # never two hosts rolling at once
-    assert "host1: serving build" in r.stdout and r.stdout.count("serving build") == 3, r.stdout[-3000:]
+    for h in fleet.hosts:  # the role's last task, per host
+        assert f'"msg": "{h.name}: serving build {upgrade_build.current(h.root)} on every instance"' in r.stdout
     print(f"fleet upgrade: 3 hosts x {len(INSTANCES)} instances in {seconds:.1f} s (ansible-playbook), "
           f"{len(outcomes)} requests through the front router, {len(failed)} failed")
 
@@ -181,3 +185,32 @@ def test_a_bad_build_stops_on_the_first_host_and_the_others_are_never_touched(fl
     assert "verdict=differs" in message and "canary:" in message, message[:2000]  # the canary's figures
     print(f"bad build: stopped on host1 after {seconds:.1f} s, {len(outcomes)} requests, {len(failed)} failed; "
           f"host2 and host3 untouched")
+
+
+def test_one_prometheus_scrapes_every_host_with_its_label(fleet, tmp_path):
+    """deploy/ansible/monitoring.yml gathers each host's own monitoring files and makes the fleet's;
+    a real Prometheus scrapes the three hosts with them: every series has its host, and a dashboard
+    query limited to one host shows that host only."""
+    prom_dir = prometheus_or_skip()
+    own = tmp_path / "fleet"
+    r, _ = play(fleet, "v2", tmp_path, REPO / "deploy" / "ansible" / "monitoring.yml", dflash_monitoring_dir=str(own),
+                dflash_monitoring_args=["--scrape-interval", "1"], dflash_controller_dflashctl=str(BIN / "dflashctl"))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert sorted(p.name for p in own.iterdir() if p.is_dir()) == [h.name for h in fleet.hosts]
+    prom = Prometheus(prom_dir, own, json.loads((own / "fleet-scrape.json").read_text())["scrape_configs"],
+                      "fleet-rules.json").start()
+    try:
+        want = {(h.name, job): n for h in fleet.hosts for job, n in (("dflash-instances", 2), ("dflash-router", 1))}
+        got = prom.until(lambda: {(s["metric"]["host"], s["metric"]["job"]): int(float(s["value"][1]))
+                                  for s in prom.query("count by (host, job) (up == 1)")}, want)
+        assert got == want
+        records = prom.query("count by (host) (dflash:threshold_ttft_p99_seconds)")
+        assert sorted((s["metric"]["host"], s["value"][1]) for s in records) == [(h.name, "2") for h in fleet.hosts]
+        board = json.loads((own / "fleet-dashboard.json").read_text())
+        expr = next(t["expr"] for p in board["panels"] for t in p.get("targets", [])
+                    if "sglang:num_running_reqs" in t["expr"])
+        one = prom.query(expr.replace("$host", "host2").replace("$instance", ".*"))
+        assert sorted(s["metric"]["dflash_instance"] for s in one) == sorted(INSTANCES), one
+        assert {s["metric"]["host"] for s in one} == {"host2"}
+    finally:
+        prom.stop()

@@ -145,14 +145,14 @@ def test_the_role_passes_ansible_lint_and_the_lint_sees_a_bad_task(tmp_path):
     if not lint.exists():
         pytest.skip("ansible-lint is not installed (pip install -e 'python[test]'; tests/run does)")
     env = dict(ENV, HOME=str(tmp_path), ANSIBLE_HOME=str(tmp_path / "ansible"), NO_COLOR="1")
-    r = subprocess.run([str(lint), "--offline", "playbook.yml", "roles/dflash"], cwd=ANSIBLE, env=env,
+    r = subprocess.run([str(lint), "--offline", "playbook.yml", "monitoring.yml", "roles/dflash"], cwd=ANSIBLE, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     copy = tmp_path / "broken"
     shutil.copytree(ANSIBLE, copy)
     tasks = copy / "roles" / "dflash" / "tasks" / "main.yml"
     tasks.write_text(tasks.read_text() + "\n- command: echo not named, not idempotent\n")
-    r = subprocess.run([str(lint), "--offline", "playbook.yml", "roles/dflash"], cwd=copy, env=env,
+    r = subprocess.run([str(lint), "--offline", "playbook.yml", "monitoring.yml", "roles/dflash"], cwd=copy, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "name[missing]" in r.stdout + r.stderr, r.stdout + r.stderr
 
