@@ -50,7 +50,7 @@ import os
 import runpy
 import sys
 
-BEHAVIOUR = {behaviour!r}
+BEHAVIOUR = {{"STANDIN_VERSION": {version!r}, **{behaviour!r}}}  # /server_info names the build, as SGLang's does
 STANDIN = {standin!r}
 os.environ.update(BEHAVIOUR)
 sys.path.insert(0, os.path.dirname(STANDIN))
@@ -71,7 +71,8 @@ def stack_wheel(directory: Path, tag: str, behaviour: dict[str, str]) -> tuple[P
     dist = f"sglang-{version}.dist-info"
     files = {
         "sglang/__init__.py": f'"""Stand-in SGLang build {tag} (tests only)."""\n__version__ = "{version}"\n'.encode(),
-        "sglang/launch_server.py": LAUNCH.format(tag=tag, behaviour=behaviour, standin=str(STANDIN)).encode(),
+        "sglang/launch_server.py": LAUNCH.format(tag=tag, behaviour=behaviour, standin=str(STANDIN),
+                                                 version=version).encode(),
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n".encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: fleet_harness\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -85,6 +86,20 @@ def stack_wheel(directory: Path, tag: str, behaviour: dict[str, str]) -> tuple[P
             z.writestr(info, data)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     return path, f"sglang=={version} --hash=sha256:{sha}\n"
+
+
+def requirements(tmp: Path, tag: str, behaviour: dict[str, str]) -> Path:
+    """A requirements file with the hash of the stand-in build `tag` (its wheel in tmp/wheels)."""
+    _, line = stack_wheel(tmp / "wheels", tag, behaviour)
+    path = tmp / f"requirements-{tag}.txt"
+    path.write_text(line)
+    return path
+
+
+def pip_env(tmp: Path) -> dict[str, str]:
+    """pip's settings for the builds: the stand-in wheels of tmp/wheels, no index."""
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp / "wheels"), "PIP_NO_CACHE_DIR": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
 def _ip(*args: str, ns: str | None = None) -> None:
@@ -182,8 +197,10 @@ class Fleet:
                                   stdout=open(log, "w"), stderr=subprocess.STDOUT)
         _wait_port(h.address, 22, 30, f"sshd of {h.name}", log)
 
-    def up(self, instances: dict[str, dict], build_env: dict[str, str], install) -> "Fleet":
-        """Every host serving: its settings, the first build installed by `install(host)`, the agent."""
+    def up(self, instances: dict[str, dict], build_env: dict[str, str], install,
+           remote_workers: bool = False) -> "Fleet":
+        """Every host serving: its settings, the first build installed by `install(host)`, the agent;
+        with `remote_workers`, each host's router also lists the other hosts' instances."""
         self._ssh_keys()
         self._network()
         for h in self.hosts:
@@ -192,6 +209,9 @@ class Fleet:
             for name, settings in instances.items():
                 (h.dir / "etc" / "dflash" / f"{name}.json").write_text(json.dumps({"name": name, **settings}))
             install(h)
+            if remote_workers:
+                (h.dir / "remote-workers.json").write_text(json.dumps(
+                    [f"http://{o.address}:{s['port']}" for o in self.hosts if o is not h for s in instances.values()]))
             self._sshd(h)
             log = h.dir / "agent.log"
             h.agent = subprocess.Popen(["ip", "netns", "exec", h.ns, sys.executable, str(AGENT), str(h.dir)],
@@ -277,3 +297,34 @@ class Prometheus:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def ansible_playbook(fleet: Fleet, playbook: Path, tmp: Path, common: dict) -> tuple[subprocess.CompletedProcess, float]:
+    """`ansible-playbook` over the fleet's hosts, each pointed at its own directories, its agent's
+    restart command and router settings; `common` are the inventory's other variables. (Its result,
+    seconds; the output also in tmp/play-<playbook>-<n>.log.)"""
+    bin_dir = Path(sys.executable).parent
+
+    def per_host(h):
+        agent = h.agent_info()
+        return {"dflash_root": str(h.root), "dflash_settings_dir": str(h.dir / "etc" / "dflash"),
+                "dflash_state_dir": str(h.dir / "var" / "lib" / "dflash-rollout"),
+                "dflash_restart_command": agent["restart_command"], "dflash_router_settings": agent["router_settings"]}
+    n = len(list(tmp.glob("inventory-*.yml")))
+    inventory = tmp / f"inventory-{n}.yml"
+    inventory.write_text(json.dumps(fleet.inventory(common, per_host)))  # JSON is YAML
+    (tmp / "cp").mkdir(exist_ok=True)
+    cfg = tmp / "ansible.cfg"
+    cfg.write_text("[defaults]\nhost_key_checking = False\nforks = 5\ninterpreter_python = auto_silent\n"
+                   f"remote_tmp = {tmp}/remote\nlocal_tmp = {tmp}/local\n"
+                   "[ssh_connection]\npipelining = True\n"
+                   f"control_path_dir = {tmp}/cp\n"
+                   "ssh_args = -o ControlMaster=auto -o ControlPersist=120s -o UserKnownHostsFile=/dev/null "
+                   "-o StrictHostKeyChecking=no -o LogLevel=ERROR\n")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(cfg), ANSIBLE_HOME=str(tmp / "ansible-home"),
+               ANSIBLE_NOCOLOR="1", PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    t0 = time.monotonic()
+    r = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", str(inventory), str(playbook), "-v"], env=env,
+                       capture_output=True, text=True, timeout=1200)
+    (tmp / f"play-{playbook.stem}-{n}.log").write_text(r.stdout + r.stderr)  # kept for a failing run's reader
+    return r, time.monotonic() - t0

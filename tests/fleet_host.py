@@ -59,10 +59,12 @@ def main() -> int:
     threading.Thread(target=log_events, args=(sup, host_dir / "events.jsonl", stop), daemon=True).start()
     sup.serve_control().start_all()
     urls = [f"http://127.0.0.1:{json.loads(f.read_text())['port']}" for f in files]
+    remote = host_dir / "remote-workers.json"  # other hosts' instances, the router's remoteWorkers
+    remote_urls = json.loads(remote.read_text()) if remote.exists() else []
     key = host_dir / "admin.key"  # the router listens beyond loopback: its admin API needs a key
     key.write_text("fleet-admin-key\n")
     key.chmod(0o600)
-    router = Router({"workers": urls, "host": "0.0.0.0", "port": ROUTER_PORT, "metricsHost": "0.0.0.0",
+    router = Router({"workers": urls + remote_urls, "host": "0.0.0.0", "port": ROUTER_PORT, "metricsHost": "0.0.0.0",
                      "metricsPort": ROUTER_METRICS_PORT, "drainSec": 5, "adminApiKeyFile": str(key)},
                     host_dir / "run").start()
     done = threading.Event()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from dflashctl.operations import upgrade_build
 from conftest import prometheus_or_skip
-from fleet_harness import REPO, Fleet, Prometheus, needs_fleet, stack_wheel
+from fleet_harness import REPO, Fleet, Prometheus, ansible_playbook, needs_fleet, pip_env, requirements
 from router_harness import Load, Router, generate_body, needs_router
 
 pytestmark = [needs_router, needs_fleet, pytest.mark.slow]
@@ -42,21 +42,13 @@ PLAYBOOK = REPO / "deploy" / "ansible" / "playbook.yml"
 BIN = Path(sys.executable).parent
 
 
-def requirements(tmp: Path, tag: str, behaviour: dict) -> Path:
-    _, line = stack_wheel(tmp / "wheels", tag, behaviour)
-    path = tmp / f"requirements-{tag}.txt"
-    path.write_text(line)
-    return path
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fleet")
     reqs = {tag: requirements(tmp, tag, b) for tag, b in (("v1", {}), ("v2", {}), ("bad", BAD_BUILD))}
-    pip_env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp / "wheels"), "PIP_NO_CACHE_DIR": "1",
-               "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    saved = {k: os.environ.get(k) for k in pip_env}
-    os.environ.update(pip_env)
+    pip = pip_env(tmp)
+    saved = {k: os.environ.get(k) for k in pip}
+    os.environ.update(pip)
 
     def install(h):
         build = upgrade_build.pip_build(h.root, str(reqs["v1"]), None, sys._base_executable)
@@ -68,7 +60,7 @@ def fleet(tmp_path_factory):
         f.up(INSTANCES, dict(os.environ), install)
         front = Router({"workers": f.router_urls()}, tmp).start()
         front.wait_healthy(f.router_urls(), timeout=120)
-        f.front, f.reqs, f.pip_env = front, reqs, pip_env
+        f.front, f.reqs, f.pip_env = front, reqs, pip
         yield f
     finally:
         if front is not None:
@@ -85,32 +77,11 @@ def play(fleet: Fleet, build: str, tmp: Path, playbook: Path = PLAYBOOK,
          **more: object) -> tuple[subprocess.CompletedProcess, float]:
     """ansible-playbook over the three hosts with `build`'s requirements (and `more` inventory
     variables); (its result, seconds)."""
-    def per_host(h):
-        agent = h.agent_info()
-        return {"dflash_root": str(h.root), "dflash_settings_dir": str(h.dir / "etc" / "dflash"),
-                "dflash_state_dir": str(h.dir / "var" / "lib" / "dflash-rollout"),
-                "dflash_restart_command": agent["restart_command"], "dflash_router_settings": agent["router_settings"]}
     common = {"dflash_instances": INSTANCES, "dflash_requirements": str(fleet.reqs[build]),
               "dflash_python": sys._base_executable, "dflash_dflashctl": str(BIN / "dflashctl"),
               "dflash_rollout_args": ROLLOUT_ARGS,
               "dflash_environment": {**fleet.pip_env, "TMPDIR": os.environ.get("TMPDIR", "/tmp")}, **more}
-    inventory = tmp / f"inventory-{build}.yml"
-    inventory.write_text(json.dumps(fleet.inventory(common, per_host)))  # JSON is YAML
-    (tmp / "cp").mkdir(exist_ok=True)
-    cfg = tmp / "ansible.cfg"
-    cfg.write_text("[defaults]\nhost_key_checking = False\nforks = 5\ninterpreter_python = auto_silent\n"
-                   f"remote_tmp = {tmp}/remote\nlocal_tmp = {tmp}/local\n"
-                   "[ssh_connection]\npipelining = True\n"
-                   f"control_path_dir = {tmp}/cp\n"
-                   "ssh_args = -o ControlMaster=auto -o ControlPersist=120s -o UserKnownHostsFile=/dev/null "
-                   "-o StrictHostKeyChecking=no -o LogLevel=ERROR\n")
-    env = dict(os.environ, ANSIBLE_CONFIG=str(cfg), ANSIBLE_HOME=str(tmp / "ansible-home"),
-               ANSIBLE_NOCOLOR="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    t0 = time.monotonic()
-    r = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(playbook), "-v"], env=env,
-                       capture_output=True, text=True, timeout=900)
-    (tmp / f"play-{playbook.stem}-{build}.log").write_text(r.stdout + r.stderr)  # kept for a failing run's reader
-    return r, time.monotonic() - t0
+    return ansible_playbook(fleet, playbook, tmp, common)
 
 
 def rolling_windows(fleet: Fleet, since: float) -> dict[str, tuple[float, float]]:

@@ -68,7 +68,7 @@ def host(tmp_path, pip_env):
         r = subprocess.run(argv, env=pip_env, capture_output=True, text=True, timeout=600)
         return r.returncode, json.loads(r.stdout), r.stderr
 
-    h = type("Host", (), {"root": root, "sup": sup, "run": staticmethod(run), "router": router, "files": files,
+    h = type("Host", (), {"root": root, "sup": sup, "first": build, "run": staticmethod(run), "router": router, "files": files,
                           "starts": lambda: {n: i.starts for n, i in sup.instances.items()}})
     yield h
     router.stop()
@@ -116,6 +116,21 @@ def test_a_stopped_rollout_points_current_back_at_the_build_still_serving(host, 
 
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs /usr/bin/python3: a unit may not run "
                     "an interpreter under /root or /home (this test's own is)")
+@needs_router
+@pytest.mark.slow
+def test_a_restart_that_does_not_start_the_new_build_is_caught(host, tmp_path):
+    """A supervisor that starts a fixed build, not `current`: the rollout restarts every instance and
+    passes its canary, but /server_info still names the old SGLang: not proven, exit 1."""
+    for i, f in enumerate(host.files):
+        host.sup.define(f"gpu{i}", ["/bin/sh", "-c", START, sys.executable, str(f), str(host.first.path)])
+    rc, out, err = host.run(reqs(tmp_path, "v2"))
+    assert rc == FAILED, err
+    assert host.starts() == {"gpu0": 2, "gpu1": 2}  # restarted, onto the old build
+    assert "not every instance runs it" in out["summary"], out["summary"]
+    assert "gpu0 (serves 0.5.11+v1, the build has 0.5.11+v2)" in out["summary"], out["summary"]
+    assert upgrade_build.current(host.root) == host.first.id  # current back where the instances are
+
+
 def test_units_for_a_new_build_name_it_and_are_put_back(tmp_path, pip_env):
     """Under systemd the units change with the build (so the rollout sees them out of date) and a
     stopped rollout gets the old ones back."""

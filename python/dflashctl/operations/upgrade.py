@@ -32,9 +32,10 @@ from pathlib import Path
 
 from dflashctl import cli_help, inputs, output
 from dflashctl.errors import CONFIG, FAILED, OK, OUTPUT, ROLLOUT_BUSY, ROLLOUT_STOPPED, USAGE, DflashError
-from dflashctl.operations import rollout_plan, rollout_state, unit_data
+from dflashctl.operations import canary, rollout_plan, rollout_state, unit_data
 from dflashctl.operations.upgrade_build import Build, current, nix_build, pip_build, point_current, say
 from dflashctl.service import unit
+from dflashctl.service.serve import read_api_key
 
 DEFAULT_ROOT = "/opt/dflash"
 DEFAULT_UNITS_DIR = "/etc/systemd/system"
@@ -140,6 +141,26 @@ def not_on_build(report: dict | None, names: list[str]) -> list[str]:
     return [n for n in names if n not in done | fresh]
 
 
+def serving_other_versions(build: Build, cfgs) -> list[str]:
+    """Instances whose /server_info names another SGLang version than the build installs: the proof,
+    without systemd, that the restart started the build (a restart command that ignores `current`
+    restarts the old one). Nothing to compare when the build names no version."""
+    want = build.sglang_version()
+    if want is None:
+        return []
+    env, wrong = dict(os.environ), []
+    for c in cfgs:
+        status, body = canary.request(c.base_url, "/server_info", read_api_key(c, env), timeout=30)
+        try:
+            got = json.loads(body).get("version") if status == 200 else None
+        except (ValueError, AttributeError):
+            got = None
+        if got != want:
+            wrong.append(f"{c.name} (serves {got or 'no version: /server_info answered ' + str(status)}, "
+                         f"the build has {want})")
+    return wrong
+
+
 def _figures(step: dict) -> str:
     canary = step.get("canary") or {}
     flat = [f"{k}={v}" for k, v in canary.items() if isinstance(v, (int, float, str)) and v is not None]
@@ -154,9 +175,10 @@ def summary(host: str, build: Build, code: int, report: dict | None, missing: li
     if failed is not None:
         return (f"{host}: upgrade to build {build.id} stopped at instance {failed.get('name')}: "
                 f"{failed.get('error')}; canary: {_figures(failed)}")
+    if missing:
+        return f"{host}: build {build.id} rolled out, but not every instance runs it: {', '.join(missing)}"
     err = ((report or {}).get("error") or {}).get("what")
-    return (f"{host}: upgrade to build {build.id} stopped: " + (err or "the rollout gave no report")
-            + (f"; not on the new build: {', '.join(missing)}" if missing else ""))
+    return f"{host}: upgrade to build {build.id} stopped: " + (err or "the rollout gave no report")
 
 
 # ----------------------------------------------------------------------------------------- the step
@@ -238,18 +260,17 @@ def run(args) -> int:
              else nix_build(root, args.nix))
     state_path = args.state_dir / STATE_FILE
     last = read_state(state_path)
-    names = [c.name for c in cfgs]
     settings = settings_sha(files)
     if not systemd and last.get("status") == "done" and last.get("build") == build.id \
             and last.get("settings") == settings and current(root) == build.id:
         return finish(args, build, OK, {"changed": False, "previous_build": build.id}, None, [], t0,
                       f"already serving build {build.id} with these settings: nothing restarted")
-    return roll(args, build, extra, systemd, units_dir, names, settings, t0)
+    return roll(args, build, extra, systemd, units_dir, cfgs, settings, t0)
 
 
-def roll(args, build: Build, extra: list[str], systemd: bool, units_dir: Path, names: list[str],
-         settings: str, t0: float) -> int:
-    root = Path(args.root)
+def roll(args, build: Build, extra: list[str], systemd: bool, units_dir: Path, cfgs, settings: str,
+         t0: float) -> int:
+    root, names = Path(args.root), [c.name for c in cfgs]
     previous = current(root)
     before = write_units(build, args.instance, units_dir) if systemd else {}
     if systemd:
@@ -263,6 +284,8 @@ def roll(args, build: Build, extra: list[str], systemd: bool, units_dir: Path, n
         _, plan = run_rollout(rollout_argv(build, args, extra, dry_run=True), env)
         missing = sorted(set(missing) | {r["name"] for r in (plan or {}).get("instances", [])
                                          if r.get("action") == "restart"}) if plan else list(names)
+    if code == OK:
+        missing += serving_other_versions(build, cfgs)
     if code == OK and missing:
         code = FAILED
     if code != OK:

@@ -54,8 +54,15 @@ class Build:
         exe = self.path / "bin" / "dflashctl"
         return exe if exe.exists() else None
 
+    def sglang_version(self) -> str | None:
+        """The SGLang version the build installs (its dist-info), as its /server_info will report it."""
+        for dist in sorted(self.path.glob("lib/python3*/site-packages/sglang-*.dist-info")):
+            return dist.name[len("sglang-"):-len(".dist-info")]
+        return None
+
     def to_json(self) -> dict:
-        return {"id": self.id, "path": str(self.path), "how": self.how, "installed": self.installed}
+        return {"id": self.id, "path": str(self.path), "how": self.how, "installed": self.installed,
+                "sglang": self.sglang_version()}
 
 
 def say(text: str) -> None:
