@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from dflashctl.errors import FAILED
+from dflashctl.errors import FAILED, DflashError
 from dflashctl.operations import upgrade, upgrade_build
+from conftest import nix_or_skip
 from fleet_harness import REPO, stack_wheel
+from nixeval import NIX_CONFIG
 from fleet_host import START
 from rollout_harness import Supervisor
 from router_harness import ENV, Router, free_port, needs_router
@@ -153,6 +155,41 @@ def test_units_for_a_new_build_name_it_and_are_put_back(tmp_path, pip_env):
     assert "DFLASH_UNIT_DIGEST=" in text
     upgrade.restore_units(before)
     assert (units / "dflash-gpu0.service").read_text() == "the old unit\n"
+
+
+STACK_FLAKE = """{
+  outputs = { self }: {
+    packages.x86_64-linux.stack = builtins.derivation {
+      name = "stand-in-stack-TAG";
+      system = "x86_64-linux";
+      builder = "/bin/sh";
+      args = [ "-c" "/bin/mkdir -p $out/bin $out/lib/python3.12/site-packages/sglang-0.5.11+TAG.dist-info && /bin/ln -s PY $out/bin/python" ];
+    };
+  };
+}
+"""
+
+
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="the stand-in flake names x86_64-linux")
+def test_a_nix_build_is_a_profile_per_build_made_once(tmp_path, monkeypatch):
+    """--nix: `nix build --json` then `nix profile install` into builds/<store hash>; the same installable
+    again installs nothing; one that does not evaluate is a failed install naming Nix's message."""
+    nix_or_skip()
+    monkeypatch.setenv("NIX_CONFIG", NIX_CONFIG)
+    flake = tmp_path / "flake"
+    flake.mkdir()
+    (flake / "flake.nix").write_text(STACK_FLAKE.replace("TAG", "n1").replace("PY", PY))
+    root = tmp_path / "opt"
+    build = upgrade_build.nix_build(root, f"path:{flake}#stack")
+    assert build.installed and build.how == "nix" and (build.path / "bin" / "python").exists()
+    marker = json.loads(build.path.with_name(build.path.name + upgrade_build.MARKER).read_text())
+    assert Path(marker["store_path"]).name.startswith(build.id + "-stand-in-stack-n1"), marker
+    assert (build.path / "bin" / "python").resolve() == Path(PY).resolve() and build.sglang_version() == "0.5.11+n1"
+    again = upgrade_build.nix_build(root, f"path:{flake}#stack")
+    assert (again.id, again.installed) == (build.id, False)
+    with pytest.raises(DflashError) as e:
+        upgrade_build.nix_build(root, f"path:{flake}#nothing")
+    assert e.value.exit_code == FAILED and "nix build" in e.value.what and "nothing" in e.value.why
 
 
 def test_the_role_passes_ansible_lint_and_the_lint_sees_a_bad_task(tmp_path):

@@ -12,7 +12,7 @@ docs/fleet.md shows, then starts a crashed instance on the build the host still 
   dependency is in the lock). The id is a digest of the requirements, the glue and the interpreter,
   so the same inputs give the same directory and a second run installs nothing. pip's own settings
   (PIP_INDEX_URL, PIP_FIND_LINKS, pip.conf) say where the wheels come from.
-- nix: `nix build --no-link --print-out-paths INSTALLABLE` gives the store path; its hash part is
+- nix: `nix build --no-link --json INSTALLABLE` gives the store path; its hash part is
   the id, and `nix profile install --profile <root>/builds/<id> PATH` keeps it (a profile is a
   garbage-collector root), so `<root>/builds/<id>/bin/python` is the stack's interpreter.
 
@@ -149,8 +149,12 @@ def pip_build(root: Path, requirements: str, glue: str | None, python: str) -> B
 def nix_build(root: Path, installable: str) -> Build:
     fix = ("check the flake reference (e.g. github:OWNER/dflash-stack#dflash-env) and that Nix has flakes on "
            "(experimental-features = nix-command flakes)")
-    out = _run(["nix", "build", "--no-link", "--print-out-paths", installable], f"nix build {installable}", fix)
-    paths = [p for p in out.split() if p.startswith("/")]
+    out = _run(["nix", "build", "--no-link", "--json", installable], f"nix build {installable}", fix)
+    try:  # [{"drvPath": ..., "outputs": {"out": PATH}}]: --json, which Nix 2.8 has (--print-out-paths came later)
+        paths = [p for d in json.loads(out) for p in d["outputs"].values()]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise DflashError(f"nix build {installable} printed no build result", out[-500:] or "(nothing)",
+                          "run it by hand to see what Nix says", FAILED) from None
     if len(paths) != 1:
         raise DflashError(f"nix build {installable} gave {len(paths)} outputs", " ".join(paths) or "none",
                           "name one package (a flake output such as #dflash-env)", CONFIG)
@@ -165,8 +169,7 @@ def nix_build(root: Path, installable: str) -> Build:
     if not (path / "bin" / "python").exists():
         raise DflashError(f"{store_path} has no bin/python", "the upgrade runs the stack's interpreter from it",
                           "install the stack's environment (the flake's dflash-env), not a single package", CONFIG)
-    _mark(path, {"id": digest, "how": "nix", "store_path": store_path,
-                                          "installable": installable})
+    _mark(path, {"id": digest, "how": "nix", "store_path": store_path, "installable": installable})
     return Build(digest, path, "nix", installed=True)
 
 
