@@ -22,7 +22,6 @@ from pathlib import Path
 
 from dflashctl import inputs
 from dflashctl.errors import CONFIG, INPUT, USAGE, DflashError
-from dflashctl.operations import monitoring
 
 HOST_LABEL = "host"
 HINTS = {"--scrape-config": "merge its scrape_configs into the fleet Prometheus's prometheus.yml",
@@ -102,8 +101,7 @@ def _fleet_rule(rule: dict) -> dict:
     return out
 
 
-def rule_file(hosts: list[tuple[str, str]], rules: dict[str, dict]) -> dict:
-    thresholds_name = monitoring.data()["thresholdsGroup"]
+def rule_file(hosts: list[tuple[str, str]], rules: dict[str, dict], thresholds_name: str) -> dict:
     thresholds, alerts = [], None
     for name, _ in hosts:
         groups = rules[name]["groups"]
@@ -127,8 +125,9 @@ def _limited(expr: str) -> str:
     return by_host(expr.replace("{", '{%s=~"$%s",' % (HOST_LABEL, HOST_LABEL)))
 
 
-def dashboard() -> dict:
-    d = monitoring.dashboard()
+def dashboard(host_board: dict) -> dict:
+    """The fleet's dashboard from the host's (monitoring.dashboard(), passed in: that module calls this one)."""
+    d = json.loads(json.dumps(host_board))
     variables = d["templating"]["list"]
     instance = next(v for v in variables if v["name"] == "instance")
     host_var = {**instance, "name": HOST_LABEL, "label": "Host",
@@ -149,7 +148,9 @@ def dashboard() -> dict:
     return d
 
 
-def texts(host_args: list[str], directory: str | None, want: dict[str, bool]) -> dict[str, str]:
+def texts(host_args: list[str], directory: str | None, want: dict[str, bool], thresholds_group: str,
+          host_board: dict) -> dict[str, str]:
+    """The fleet's files; `thresholds_group` and `host_board` are monitoring.py's (it calls this)."""
     if not directory:
         raise DflashError("--host without --from", "the hosts' own monitoring files are read from DIR/<NAME>/",
                           "pass --from DIR", USAGE)
@@ -164,7 +165,7 @@ def texts(host_args: list[str], directory: str | None, want: dict[str, bool]) ->
         out["--scrape-config"] = json.dumps({"scrape_configs": scrape_configs(hosts, frags)}, indent=2) + "\n"
     if want["--rules"]:
         rules = {n: _read(root, n, "rules.json", "groups") for n, _ in hosts}
-        out["--rules"] = json.dumps(rule_file(hosts, rules), indent=2) + "\n"
+        out["--rules"] = json.dumps(rule_file(hosts, rules, thresholds_group), indent=2) + "\n"
     if want["--dashboard"]:
-        out["--dashboard"] = json.dumps(dashboard(), indent=2) + "\n"
+        out["--dashboard"] = json.dumps(dashboard(host_board), indent=2) + "\n"
     return out

@@ -238,8 +238,9 @@ def run(args) -> int:
                           "give each output its own file", USAGE)
     if args.host or args.from_dir:  # a fleet: the hosts' own files, not this host's settings
         from dflashctl.operations import fleet_monitoring
-        fleet = fleet_monitoring.texts(args.host, args.from_dir, {"--scrape-config": args.scrape_config is not None,
-                                       "--rules": args.rules is not None, "--dashboard": args.dashboard is not None})
+        want = {"--scrape-config": args.scrape_config is not None, "--rules": args.rules is not None,
+                "--dashboard": args.dashboard is not None}
+        fleet = fleet_monitoring.texts(args.host, args.from_dir, want, data()["thresholdsGroup"], dashboard())
         return _write(args, {f: (t, fleet_monitoring.HINTS[f]) for f, t in fleet.items()})
     min_accept = name_values(args.min_accept_length, "--min-accept-length", accept_length, "qwen3=3.5")
     alert_for = name_values(args.alert_for, "--alert-for", str, "DflashAcceptanceLow=30m")
