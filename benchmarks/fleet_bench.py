@@ -25,14 +25,23 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "python")]
-from fleet_harness import Fleet, ansible_playbook, pip_env, requirements  # noqa: E402
-from router_harness import Load, Router, generate_body, phase  # noqa: E402
+from fleet_harness import ADMIN_KEY, Fleet, ansible_playbook, pip_env, requirements  # noqa: E402
+from router_harness import Load, Router, generate_body, phase, request  # noqa: E402
 
 from dflashctl.operations import upgrade_build  # noqa: E402
 
 INSTANCES = {name: {"model": "standin-model", "port": port, "host": "0.0.0.0",
                     "environment": {"STANDIN_READY_AFTER": "1.0", "STANDIN_TOKEN_DELAY": "0.002"}}
              for name, port in (("gpu0", 30000), ("gpu1", 30001))}
+
+
+def healthy_workers(fleet: Fleet) -> dict[str, int]:
+    """Per host, how many workers its router has in rotation (its own and, with remoteWorkers, the others')."""
+    out = {}
+    for h, url in zip(fleet.hosts, fleet.router_urls()):
+        status, body = request(url + "/workers", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
+        out[h.name] = sum(w["is_healthy"] for w in json.loads(body)["workers"]) if status == 200 else -1
+    return out
 
 
 def loads(fleet: Fleet, front: Router | None, clients: int) -> list[Load]:
@@ -56,6 +65,7 @@ def measure(args, tmp: Path) -> dict:
         if args.serving_path == "front-router":
             front = Router({"workers": fleet.router_urls()}, tmp).start()
             front.wait_healthy(fleet.router_urls(), timeout=120)
+        workers_before = healthy_workers(fleet)
         running = loads(fleet, front, args.clients)
         time.sleep(args.before)
         t_play = time.monotonic()
@@ -67,6 +77,7 @@ def measure(args, tmp: Path) -> dict:
         t_done = time.monotonic()
         time.sleep(args.after)
         outcomes = [o for load in running for o in load.stop()]
+        workers_after = healthy_workers(fleet)
     finally:
         if front is not None:
             front.stop()
@@ -76,7 +87,8 @@ def measure(args, tmp: Path) -> dict:
     return {"serving_path": args.serving_path, "play_ok": r.returncode == 0, "play_s": round(seconds, 1),
             "before": phase(outcomes, t0, t_play), "during": phase(outcomes, t_play, t_done),
             "after": phase(outcomes, t_done, t_done + args.after + 60),
-            "rollout_waits_for_other_hosts_workers": waited}
+            "rollout_waits_for_other_hosts_workers": waited,
+            "workers_in_rotation_per_host_router": {"before": workers_before, "after": workers_after}}
 
 
 def waits_for_other_hosts(play_output: str) -> dict[str, int]:
@@ -105,7 +117,8 @@ def table(result: dict) -> str:
                     f"{p['longest_without_answer_s']} | {'; '.join(p['errors']) or '-'} |")
     return (f"serving path {result['serving_path']}: ansible-playbook {'ok' if result['play_ok'] else 'FAILED'} in "
             f"{result['play_s']} s; lines of each host's rollout waiting for another host's worker: "
-            f"{result['rollout_waits_for_other_hosts_workers']}\n" + "\n".join(rows))
+            f"{result['rollout_waits_for_other_hosts_workers']}; workers in rotation per host router "
+            f"{result['workers_in_rotation_per_host_router']}\n" + "\n".join(rows))
 
 
 def main() -> int:

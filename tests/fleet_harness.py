@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
 AGENT = REPO / "tests" / "fleet_host.py"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+ADMIN_KEY = "fleet-admin-key"  # each host router's admin API key (it listens beyond loopback)
 IS_ROOT = os.geteuid() == 0
 needs_fleet = pytest.mark.skipif(
     not IS_ROOT or not os.path.exists(SSHD) or shutil.which("ip") is None or shutil.which("ansible-playbook",

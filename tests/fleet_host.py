@@ -22,6 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from fleet_harness import ADMIN_KEY  # noqa: E402
 from rollout_harness import Supervisor  # noqa: E402
 from router_harness import ENV, Router  # noqa: E402
 
@@ -62,7 +63,7 @@ def main() -> int:
     remote = host_dir / "remote-workers.json"  # other hosts' instances, the router's remoteWorkers
     remote_urls = json.loads(remote.read_text()) if remote.exists() else []
     key = host_dir / "admin.key"  # the router listens beyond loopback: its admin API needs a key
-    key.write_text("fleet-admin-key\n")
+    key.write_text(ADMIN_KEY + "\n")
     key.chmod(0o600)
     router = Router({"workers": urls + remote_urls, "host": "0.0.0.0", "port": ROUTER_PORT, "metricsHost": "0.0.0.0",
                      "metricsPort": ROUTER_METRICS_PORT, "drainSec": 5, "adminApiKeyFile": str(key)},
@@ -70,7 +71,7 @@ def main() -> int:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
-        router.wait_healthy(urls, timeout=120, headers={"Authorization": "Bearer fleet-admin-key"})
+        router.wait_healthy(urls, timeout=120, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
         (host_dir / "agent.json").write_text(json.dumps({
             "restart_command": sup.restart_command, "router_settings": str(host_dir / "run" / "router.json"),
             "workers": urls}))
