@@ -55,7 +55,8 @@ def host(tmp_path, pip_env):
         f.write_text(json.dumps({"name": f"gpu{i}", "model": "standin-model", "port": free_port(55535),
                                  "environment": {"STANDIN_READY_AFTER": "0.5"}}))
         files.append(f)
-        sup.add(f"gpu{i}", ["/bin/sh", "-c", START, sys.executable, str(f), str(root / "current")], dict(ENV))
+        sup.add(f"gpu{i}", ["/bin/sh", "-c", START, sys.executable, str(f), str(root / "current")],
+                dict(ENV, LOGS_DIRECTORY=str(tmp_path)))  # serve's SGLang log: this test's own
     sup.serve_control().start_all()
     urls = [f"http://127.0.0.1:{json.loads(f.read_text())['port']}" for f in files]
     router = Router({"workers": urls}, tmp_path).start()
