@@ -29,6 +29,7 @@ COMMANDS = {
     "router": "dflashctl.operations.router",
     "router-unit": "dflashctl.operations.router_unit",
     "rollout": "dflashctl.operations.rollout",
+    "upgrade": "dflashctl.operations.upgrade",
     "models": "dflashctl.service.models",
     "status": "dflashctl.operations.status",
     "monitoring": "dflashctl.operations.monitoring",

@@ -77,14 +77,23 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
     "rollout": {e.CONFIG: "the settings, the router's or an option are refused, or the state directory "
                           "cannot be used",
                 e.ROLLOUT_STOPPED: None, e.ROLLOUT_BUSY: None},
+    "upgrade": {e.FAILED: "the new build did not install (nothing was restarted), or after the rollout an "
+                          "instance does not run it",
+                e.INPUT: "--requirements or --glue is unreadable",
+                e.CONFIG: "the settings, an option or a tool the step needs (systemctl, nix) are refused or missing",
+                e.OUTPUT: "--root, --units-dir or the state directory cannot be written",
+                e.ROLLOUT_STOPPED: "the rollout stopped: the instances it did not reach still serve the old build",
+                e.ROLLOUT_BUSY: None},
     "models": {e.FAILED: "a download or its verification failed, or status: a model is not whole in "
                          "the cache",
                e.CONFIG: None, e.OUTPUT: "the cache directory cannot be written"},
     "status": {e.FAILED: "something is unhealthy (each problem listed)",
+               e.INPUT: "--host: a file is unreadable or not a `status --json` report",
                e.CONFIG: "the instances' or the router's settings are invalid or unreadable, or an option "
                          "names no instance"},
     "monitoring": {e.CONFIG: "the instances' or the router's settings are invalid or unreadable, or an "
-                             "option names no instance or alert",
+                             "option names no instance or alert, or the fleet's hosts' files disagree",
+                   e.INPUT: "--host/--from: a host's scrape.json or rules.json is unreadable or not one",
                    e.OUTPUT: None},
     "smoke": {e.FAILED: "a run failed: a server died, a response was empty, or speculative decoding "
                         "was not active",

@@ -5,6 +5,8 @@ sits above it and never the other way round. It mirrors the NixOS module's conce
 (nix/modules/). Entry points: `router.py` and `router_unit.py` (`dflashctl router`, `router-unit`; the router's
 admin API in `router_admin.py`), `rollout.py` (`dflashctl rollout`: `rollout_plan.py` decides,
 `canary.py` asks, `rollout_state.py` remembers), `status.py` (`dflashctl status`, sampled by
-`status_collect.py`) and `monitoring.py` (`dflashctl monitoring`, from `data/monitoring/`, every file held
-to what Prometheus takes by `promcheck.py`). `instances.py` finds the host's instances, one way for all three.
+`status_collect.py`; a fleet's reports in `fleet_status.py`), `upgrade.py` (`dflashctl upgrade`: one host's
+step of a fleet upgrade, builds by `upgrade_build.py`) and `monitoring.py` (`dflashctl monitoring`, from
+`data/monitoring/`, every file held to what Prometheus takes by `promcheck.py`; a fleet's in
+`fleet_monitoring.py`). `instances.py` finds the host's instances, one way for all three.
 """

@@ -270,6 +270,10 @@ def register(subparsers) -> None:
                    help=f"seconds between scrapes (default {data()['scrapeIntervalSec']})")
     p.add_argument("--alert-for", action="append", default=[], metavar="ALERT=DURATION",
                    help="another `for:` for an alert, e.g. DflashAcceptanceLow=30m")
+    p.add_argument("--host", action="append", default=[], metavar="NAME=ADDRESS",
+                   help="a fleet: each host's name and address (repeat), its own files in --from DIR/NAME/ "
+                        "(fleet_monitoring.py)")
+    p.add_argument("--from", dest="from_dir", metavar="DIR", help="with --host: DIR/NAME/scrape.json and rules.json")
     p.set_defaults(func=run)
 
 
@@ -283,6 +287,12 @@ def run(args) -> int:
     if len(set(paths)) < len(paths):
         raise DflashError("two outputs name one file", ", ".join(f for _, f in outputs),
                           "give each output its own file", USAGE)
+    if args.host or args.from_dir:  # a fleet: the hosts' own files, not this host's settings
+        from dflashctl.operations import fleet_monitoring
+        want = {"--scrape-config": args.scrape_config is not None, "--rules": args.rules is not None,
+                "--dashboard": args.dashboard is not None}
+        fleet = fleet_monitoring.texts(args.host, args.from_dir, want, data()["thresholdsGroup"], dashboard())
+        return _write(args, {f: (t, fleet_monitoring.HINTS[f]) for f, t in fleet.items()})
     min_accept = name_values(args.min_accept_length, "--min-accept-length", accept_length, "qwen3=3.5")
     alert_for = alert_durations(args.alert_for)
     gpus = gpu_targets(args.gpu_exporter)
@@ -306,6 +316,10 @@ def run(args) -> int:
     off = sorted(c.name for c in cfgs if not c.enable_metrics)
     if off:
         print(f"dflashctl monitoring: not scraped (enableMetrics is false): {', '.join(off)}", file=sys.stderr)
+    return _write(args, texts)
+
+
+def _write(args, texts: dict) -> int:
     by_flag = {"--scrape-config": args.scrape_config, "--rules": args.rules, "--dashboard": args.dashboard}
     to_files = [(by_flag[f], texts[f][0], f) for f in texts if by_flag[f] != output.STDOUT]
     output.write_all(to_files)

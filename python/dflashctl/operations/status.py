@@ -490,6 +490,8 @@ def register(subparsers) -> None:
     p.add_argument("--count", type=cli_help.positive_int, metavar="N", help="with --watch: stop after N refreshes")
     p.add_argument("--min-accept-length", action="append", default=[], metavar="NAME=X",
                    help="NAME is unhealthy below this acceptance length while decoding (default: the alert's)")
+    p.add_argument("--host", action="append", default=[], metavar="NAME=FILE",
+                   help="a fleet: each host's saved `status --json` (repeat); one row per host (fleet_status.py)")
     p.set_defaults(func=run)
 
 
@@ -498,6 +500,9 @@ def _seconds_or_zero(text: str) -> float:
 
 
 def run(args) -> int:
+    if args.host:
+        from dflashctl.operations import fleet_status  # a fleet's reports: this host is not read
+        return fleet_status.run(args.host, args.json)
     if args.count is not None and args.watch is None:
         raise DflashError("--count without --watch", "it counts the refreshes of --watch",
                           "add --watch, or leave --count out", USAGE)

@@ -15,7 +15,8 @@ it says on its first line that it checks no flags. It uses --port, --host, --mod
                    then "Capturing CUDA graphs", then nothing more
 STANDIN_LISTEN_AFTER seconds pass before it listens at all (SGLang's imports and model load).
 It writes its argv as JSON to STANDIN_ARGV_FILE, appends a line to STANDIN_OK_FILE before each 200,
-and exits 0 on SIGTERM. For the systemd tier (tests/service/test_systemd.py), also:
+and exits 0 on SIGTERM. /server_info's `version` is STANDIN_VERSION (default 0.5.11: a build's
+stand-in sets its own). For the systemd tier (tests/service/test_systemd.py), also:
   STANDIN_CHILDREN=N  start N helper processes in its process group that ignore SIGTERM (SGLang's
                       scheduler and detokenizer stay in the group; a stuck one must still go)
   STANDIN_MARK=1      append "pid uid" to standin-starts in $HOME and in $HF_HOME, and in each
@@ -293,7 +294,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             fields = strict_args.server_info_fields(parsed) if checked else {}
             self.send_json(200, {**fields, "model_path": flag("--model-path", MODEL), "served_model_name": MODEL,
                                  "port": port, "host": host, "tp_size": fields.get("tp_size", 1),
-                                 "dp_size": fields.get("dp_size", 1), "version": "0.5.11",
+                                 "dp_size": fields.get("dp_size", 1), "version": os.environ.get("STANDIN_VERSION", "0.5.11"),
                                  "speculative_algorithm": ALGORITHM, "status": "ready",
                                  "internal_states": [{"avg_spec_accept_length": accept_length()}]})
         else:
