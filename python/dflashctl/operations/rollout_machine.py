@@ -16,11 +16,12 @@ this host's instances) are reported, never counted or waited for.
 """
 
 import os
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from dflashctl.errors import PREFLIGHT_GPU_FAULT, DflashError
+from dflashctl.errors import PREFLIGHT_GPU_FAULT, SERVER_GPU_FAILED, DflashError
 from dflashctl.operations import canary, rollout_state
 from dflashctl.operations.canary import CanarySettings, Reading
 from dflashctl.operations.rollout_plan import Plan, Target
@@ -29,6 +30,9 @@ from dflashctl.service import sdnotify, unit_text
 from dflashctl.service.instance_control import Systemd
 
 GPU_BUSY = 87  # errors.PREFLIGHT_GPU_BUSY: other work holds the GPU; it may end, so keep waiting
+# serve's exits that name the GPU, not the definition: a rollback would not help
+GPU_FAULTS = {PREFLIGHT_GPU_FAULT: "the preflight refused its GPU", SERVER_GPU_FAILED: "the GPU watch stopped it"}
+_GPU_EXIT = re.compile(r"\bexit (" + "|".join(map(str, GPU_FAULTS)) + r")\b")
 POLL_S = 0.5
 PROGRESS_EVERY_S = 5.0
 STEPS = ("take out", "drain", "measure before", "restart", "ready", "measure after", "put back", "hold")
@@ -103,6 +107,12 @@ def as_failure(name: str, step: str, e: BaseException, log_hint: str) -> StepFai
                           f"{log_hint} and what the error names; {resume}")
     return StepFailed(f"{name}: {step} failed: {type(e).__name__}: {e}",
                       f"this is a dflashctl bug: report it with the journal; {resume}")
+
+
+def gpu_fault(t: Target, code: int, status: str, then: str) -> StepFailed:
+    return StepFailed(f"{t.name}: its GPU is faulty (exit {code}: {GPU_FAULTS[code]}), not its new definition: "
+                      f"{status}", f"the GPU needs the fix its status names (`dflashctl doctor` shows it), not a "
+                      f"rollback; {then}")
 
 
 class Rollout:
@@ -344,12 +354,10 @@ class Rollout:
                              f"{self.log_hint(t)}; if it only loads slowly, raise startTimeoutSec or pass "
                              "--ready-timeout; then `dflashctl rollout --resume`")
         if rc != 0:
-            gpu = f"exit {PREFLIGHT_GPU_FAULT}" in (out or "") or rc == PREFLIGHT_GPU_FAULT
-            if gpu:
-                raise StepFailed(f"{t.name}: its GPU is faulty (exit {PREFLIGHT_GPU_FAULT}, the GPU watch), not "
-                                 f"its new definition: {out or '(no output)'}",
-                                 "the GPU needs the fix its status names (`dflashctl doctor` shows it), not a "
-                                 "rollback; then `dflashctl rollout --resume`")
+            m = _GPU_EXIT.search(out or "")  # serve's exit status, as the command passes it on
+            code = rc if rc in GPU_FAULTS else int(m.group(1)) if m else None
+            if code is not None:
+                raise gpu_fault(t, code, out or "(no output)", "then `dflashctl rollout --resume`")
             raise StepFailed(f"{t.name}: the restart command failed (exit {rc}): {out or '(no output)'}",
                              "fix what it names, then `dflashctl rollout --resume`; the instance stays out "
                              "of the router until then")
@@ -391,11 +399,9 @@ class Rollout:
             restarted = s.invocation != self.steps[t.name].invocation or not self.steps[t.name].invocation
             if restarted and s.ready:
                 return True
-            if restarted and s.start_failed and s.exit_status == PREFLIGHT_GPU_FAULT:
-                raise StepFailed(f"{t.name}: its GPU is faulty (exit {PREFLIGHT_GPU_FAULT}, the GPU watch), not "
-                                 f"its new definition: {s.status_text or 'no status'}",
-                                 "the GPU needs the fix its status names (`dflashctl doctor` shows it), not a "
-                                 f"rollback; then `systemctl start {t.unit}` and `dflashctl rollout --resume`")
+            if restarted and s.start_failed and s.exit_status in GPU_FAULTS:
+                raise gpu_fault(t, s.exit_status, s.status_text or "no status",
+                                f"then `systemctl start {t.unit}` and `dflashctl rollout --resume`")
             if restarted and s.start_failed and s.exit_status != GPU_BUSY:
                 code = f"exit {s.exit_status}" if s.exit_status is not None else s.result
                 raise StepFailed(f"{t.name}: its new start failed ({code}): {s.status_text or 'no status'}",
