@@ -120,7 +120,8 @@ def test_a_build_whose_preflight_fails_stops_at_the_first_instance(host):
     assert h.starts() == {"gpu0": 2, "gpu1": 1, "gpu2": 1, "gpu3": 1}  # the others untouched
     assert failed(outcomes) == []
     assert h.router.workers() == {u: True for u in h.urls[1:]}  # the failed one stays out
-    assert result["left_out"] == {"gpu0": first["error"]}
+    assert list(result["left_out"]) == ["gpu0"] and result["left_out"]["gpu0"].startswith(first["error"])
+    assert first["step"] == "restart" and h.state()["status"] == "failed"
     assert "rollout failed" in err and "--resume" in err
 
     # Until it is dealt with, a plain rollout refuses; fixed, --resume starts with it.
@@ -249,6 +250,7 @@ def test_dry_run_restarts_nothing(host):
     rc, result, err = h.rollout("--dry-run")
     assert rc == 0, err
     assert result["dry_run"] and [r["name"] for r in result["instances"]] == ["gpu0", "gpu1"]
+    assert not (h.tmp / "state").exists()  # a dry run takes no lock and creates nothing
     assert h.starts() == {"gpu0": 1, "gpu1": 1}
 
 

@@ -178,6 +178,24 @@ def test_a_restart_command_that_fails(host, tmp_path, says, error):
     assert h.router.workers() == {u: True for u in h.urls} and h.state()["status"] == "done"
 
 
+def test_an_instance_that_answers_the_canary_with_errors(host):
+    h = host(2)
+    h.edit(0, environment={"STANDIN_CONTEXT": "8"})  # the new build: HTTP 400 to every canary prompt (16 tokens)
+    load = h.load()
+    rc, result, err = h.rollout()
+    outcomes = load.stop()
+    assert rc == ROLLOUT_STOPPED and "Traceback" not in err, err
+    first = stopped_at_first(h, result, "measure after")
+    assert "canary request(s) failed after the restart" in first["error"] and "HTTP 400" in first["error"], first
+    assert failed(outcomes) == []
+
+    h.edit(0, environment={"STANDIN_CONTEXT": "4096"})  # fixed
+    rc, result, err = h.rollout("--resume")
+    assert rc == 0, err
+    assert [(s["name"], s["outcome"]) for s in result["instances"]] == [("gpu0", "done"), ("gpu1", "done")]
+    assert h.router.workers() == {u: True for u in h.urls}
+
+
 def lines_until(p, text: str) -> str:
     seen = ""
     for line in p.stderr:

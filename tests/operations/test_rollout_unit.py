@@ -17,6 +17,8 @@ import nix_unit
 import pytest
 from conftest import nix_or_skip
 from dflashctl import cli
+from dflashctl.errors import CONFIG, DflashError
+from dflashctl.operations import rollout
 from nixeval import eval_json, nix_env
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -74,7 +76,10 @@ def test_the_command_line_is_one_dflashctl_accepts_with_the_settings_asked_for()
     assert args.command == "rollout" and args.func.__module__ == "dflashctl.operations.rollout"
     assert args.instance == ["/nix/store/00000000000000000000000000000000-dflash-instances.json"]
     assert args.router == "/etc/dflash-router.json" and not args.no_router
-    assert (args.batch, args.healthy_for, args.require_identical, args.resume) == (2, 30.0, True, True)
+    assert (args.max_unavailable, args.healthy_for, args.require_identical, args.resume) == (2, 30.0, True, True)
+    with pytest.raises(DflashError, match="--require-identical is gone") as refused:  # the canary judges by default
+        rollout.options_of(args)
+    assert refused.value.exit_code == CONFIG
     assert d["Unit"]["After"] == ["dflash-router.service", "dflash-a.service", "dflash-b.service"]
     # SIGTERM finishes the batch in progress: the slowest start (1800 s + the unit's margin) and more
     assert int(d["Service"]["TimeoutStopSec"].rstrip("s")) > 1800 + 30
@@ -122,7 +127,7 @@ def test_the_module_declares_upgrade_and_rollout_with_dflashctls_defaults():
         'if config.services.dflash.router.enable then "rolling" else "restart"'
     defaults = cli.build_parser(["rollout"]).parse_args(["rollout"])  # what `dflashctl rollout` does alone
     options = declared["rollout"]
-    assert options["batch"]["default"] == defaults.batch
+    assert options["batch"]["default"] == defaults.max_unavailable
     assert options["healthyForSec"]["default"] == defaults.healthy_for
     assert options["requireIdentical"]["default"] is defaults.require_identical is False
 

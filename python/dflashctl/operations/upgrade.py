@@ -8,7 +8,7 @@ each host and stops on the first non-zero exit. In order:
    it has one) pointing at the new build, then `systemctl daemon-reload`; without systemd
    (`--restart-command`) move `<root>/current` to the new build, which the restart command starts;
 3. run `dflashctl rollout --json` (its own process: its canary, batches and state are its own; the
-   arguments after `--` go to it, e.g. `-- --require-identical`);
+   arguments after `--` go to it, e.g. `-- --canary-expect stack`);
 4. exit 0 only when the rollout restarted every instance onto the new build (or found it running
    it, under systemd: `rollout --dry-run` afterwards must find nothing to restart). Otherwise the
    rollout's exit code, after putting back the units it replaced (daemon-reload) and `current`, so
@@ -163,6 +163,8 @@ def serving_other_versions(build: Build, cfgs) -> list[str]:
 
 def _figures(step: dict) -> str:
     canary = step.get("canary") or {}
+    if canary.get("summary"):  # the rollout's verdict in one line (figures before -> after)
+        return canary["summary"]
     flat = [f"{k}={v}" for k, v in canary.items() if isinstance(v, (int, float, str)) and v is not None]
     return ", ".join(flat) or "no canary figures"
 
@@ -210,7 +212,7 @@ def register(subparsers) -> None:
                    "name; the Ansible role passes the inventory's)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     p.add_argument("rollout_args", nargs=argparse.REMAINDER, metavar="-- ROLLOUT-ARGS",
-                   help="after --: options for `dflashctl rollout` (e.g. --require-identical, --batch 2)")
+                   help="after --: options for `dflashctl rollout` (e.g. --canary-expect stack, --max-unavailable 2)")
     p.set_defaults(func=run)
 
 
@@ -220,7 +222,7 @@ def check_args(args) -> list[str]:
         extra = extra[1:]
     elif extra:
         raise DflashError(f"unexpected argument {extra[0]!r}", "options for the rollout come after `--`",
-                          "write e.g. `dflashctl upgrade ... -- --require-identical`", USAGE)
+                          "write e.g. `dflashctl upgrade ... -- --canary-expect stack`", USAGE)
     owned = [a for a in extra if a.split("=", 1)[0] in OWNED]
     if "--json" in extra:
         args.json = True  # asked for JSON, in the wrong place: the refusal comes as JSON too
