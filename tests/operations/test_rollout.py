@@ -15,12 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from dflashctl.errors import CONFIG, ROLLOUT_BUSY, ROLLOUT_STOPPED
 from dflashctl.operations import rollout_state
-from dflashctl.service import config
 from rollout_harness import Rotation, serve_argv
 from rollout_host import Host
 from router_harness import ENV, STANDIN, Router, free_port, needs_router
