@@ -12,7 +12,10 @@ each host and stops on the first non-zero exit. In order:
 4. exit 0 only when the rollout restarted every instance onto the new build (or found it running
    it, under systemd: `rollout --dry-run` afterwards must find nothing to restart). Otherwise the
    rollout's exit code, after putting back the units it replaced (daemon-reload) and `current`, so
-   that an instance systemd or a supervisor restarts from now on gets the build the host serves.
+   that an instance systemd or a supervisor restarts from now on gets the build the host serves,
+   and then reverting (Nomad's auto_revert): the instances the rollout left out of the router are
+   restarted on that build by `rollout --resume --only` them (their canary judged against their
+   reading before the new build) and put back, so the host ends at full capacity (`reverted`).
 With `--json` the one JSON object holds the build, the rollout's own report and a one-line
 `summary` naming the host, the instance that stopped and the canary's figures. Without systemd a
 second run with the same build and settings restarts nothing (`changed: false`): the last upgrade's
@@ -169,14 +172,24 @@ def _figures(step: dict) -> str:
     return ", ".join(flat) or "no canary figures"
 
 
-def summary(host: str, build: Build, code: int, report: dict | None, missing: list[str]) -> str:
+def _reverted(reverted: dict | None) -> str:
+    if not reverted:
+        return ""
+    if reverted["ok"]:
+        return f"; reverted {', '.join(reverted['instances'])} to the build still serving (back in rotation)"
+    return (f"; reverting {', '.join(reverted['instances'])} failed (exit {reverted['exit_code']}): still out of "
+            f"the router: {', '.join(reverted['left_out']) or 'none'}")
+
+
+def summary(host: str, build: Build, code: int, report: dict | None, missing: list[str],
+            reverted: dict | None = None) -> str:
     if code == OK:
         return f"{host}: serving build {build.id} on every instance"
     steps = (report or {}).get("instances", [])
     failed = next((s for s in steps if s.get("outcome") == "failed"), None)
     if failed is not None:
         return (f"{host}: upgrade to build {build.id} stopped at instance {failed.get('name')}: "
-                f"{failed.get('error')}; canary: {_figures(failed)}")
+                f"{failed.get('error')}; canary: {_figures(failed)}{_reverted(reverted)}")
     if missing:
         return f"{host}: build {build.id} rolled out, but not every instance runs it: {', '.join(missing)}"
     err = ((report or {}).get("error") or {}).get("what")
@@ -290,15 +303,33 @@ def roll(args, build: Build, extra: list[str], systemd: bool, units_dir: Path, c
         missing += serving_other_versions(build, cfgs)
     if code == OK and missing:
         code = FAILED
+    reverted = None
     if code != OK:
         restore_units(before)
         if systemd and before:
             daemon_reload()
         point_current(root, previous)
+        reverted = revert(build, args, extra, env, report)
     changed = report is None or any(s.get("outcome") != "not reached" for s in report.get("instances", []))
     write_state(args.state_dir, {"build": build.id, "status": "done" if code == OK else "failed",
                                  "settings": settings, "previous_build": previous, "time": time.time()})
-    return finish(args, build, code, {"changed": changed, "previous_build": previous}, report, missing, t0, None)
+    return finish(args, build, code, {"changed": changed, "previous_build": previous, "reverted": reverted},
+                  report, missing, t0, None)
+
+
+def revert(build: Build, args, extra: list[str], env: dict, report: dict | None) -> dict | None:
+    """Nomad's auto_revert: the instances the stopped rollout left out of the router are restarted on
+    the build still serving (its units and `current` are back) by `rollout --resume --only` them, its
+    canary judged against their reading before the new build, and put back. None: nothing left out."""
+    left = sorted(((report or {}).get("left_out") or {}))
+    if not left:
+        return None
+    say(f"reverting {', '.join(left)} to the build still serving")
+    argv = rollout_argv(build, args, ["--resume", *[a for n in left for a in ("--only", n)],
+                                      *[a for a in extra if a != "--resume"]])
+    code, back = run_rollout(argv, env)
+    return {"instances": left, "ok": code == OK, "exit_code": code,
+            "left_out": sorted(((back or {}).get("left_out") or {})) if back else left}
 
 
 def write_state(directory: Path, state: dict) -> None:
@@ -313,7 +344,7 @@ def write_state(directory: Path, state: dict) -> None:
 def finish(args, build: Build, code: int, facts: dict, report: dict | None, missing: list[str], t0: float,
            note: str | None) -> int:
     host = args.host_name or socket.gethostname()
-    line = note or summary(host, build, code, report, missing)
+    line = note or summary(host, build, code, report, missing, facts.get("reverted"))
     out = {"ok": code == OK, "exit_code": code, "host": host, "build": build.to_json(), **facts,
            "seconds": round(time.monotonic() - t0, 1), "summary": line, "rollout": report,
            "not_on_new_build": missing}
