@@ -13,9 +13,10 @@ each host and stops on the first non-zero exit. In order:
    it, under systemd: `rollout --dry-run` afterwards must find nothing to restart). Otherwise the
    rollout's exit code, after putting back the units it replaced (daemon-reload) and `current`, so
    that an instance systemd or a supervisor restarts from now on gets the build the host serves,
-   and then reverting (Nomad's auto_revert): the instances the rollout left out of the router are
-   restarted on that build by `rollout --resume --only` them (their canary judged against their
-   reading before the new build) and put back, so the host ends at full capacity (`reverted`).
+   and then reverting (Nomad's auto_revert): the instances the rollout touched (left out of the
+   router, or already on the new build) are restarted on that build by `rollout --resume --all
+   --only` them (their canary judged) and put back, so the host ends at full capacity on the old
+   build (`reverted`).
 With `--json` the one JSON object holds the build, the rollout's own report and a one-line
 `summary` naming the host, the instance that stopped and the canary's figures. Without systemd a
 second run with the same build and settings restarts nothing (`changed: false`): the last upgrade's
@@ -318,18 +319,21 @@ def roll(args, build: Build, extra: list[str], systemd: bool, units_dir: Path, c
 
 
 def revert(build: Build, args, extra: list[str], env: dict, report: dict | None) -> dict | None:
-    """Nomad's auto_revert: the instances the stopped rollout left out of the router are restarted on
-    the build still serving (its units and `current` are back) by `rollout --resume --only` them, its
-    canary judged against their reading before the new build, and put back. None: nothing left out."""
-    left = sorted(((report or {}).get("left_out") or {}))
-    if not left:
+    """Nomad's auto_revert: every instance the stopped rollout touched (left out of the router, or
+    already restarted onto the new build) is restarted on the build still serving (its units and
+    `current` are back) by `rollout --resume --all --only` them, its canary judged, and put back.
+    None: the rollout touched nothing."""
+    steps = (report or {}).get("instances") or []
+    touched = sorted({s.get("name") for s in steps if s.get("outcome") not in (None, "not reached")}
+                     | set((report or {}).get("left_out") or {}))
+    if not touched:
         return None
-    say(f"reverting {', '.join(left)} to the build still serving")
-    argv = rollout_argv(build, args, ["--resume", *[a for n in left for a in ("--only", n)],
-                                      *[a for a in extra if a != "--resume"]])
+    say(f"reverting {', '.join(touched)} to the build still serving")
+    argv = rollout_argv(build, args, ["--resume", "--all", *[a for n in touched for a in ("--only", n)],
+                                      *[a for a in extra if a not in ("--resume", "--all")]])
     code, back = run_rollout(argv, env)
-    return {"instances": left, "ok": code == OK, "exit_code": code,
-            "left_out": sorted(((back or {}).get("left_out") or {})) if back else left}
+    return {"instances": touched, "ok": code == OK, "exit_code": code,
+            "left_out": sorted(((back or {}).get("left_out") or {})) if back else touched}
 
 
 def write_state(directory: Path, state: dict) -> None:
