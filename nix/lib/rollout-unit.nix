@@ -21,6 +21,7 @@ let
     builtins.readFile ../../python/dflashctl/operations/data/canary.json
   );
   optional = cond: x: if cond then [ x ] else [ ];
+  optionalAttrs = cond: attrs: if cond then attrs else { };
   maxOf = builtins.foldl' (a: b: if b > a then b else a) 0;
   sumOf = builtins.foldl' (a: b: a + b) 0;
 
@@ -55,7 +56,10 @@ let
     let
       limit = canaryData.requestLimit;
     in
-    if c.enable then c.prompts * (c.repeats + 1) * (limit.baseSec + limit.perTokenSec * c.tokens) else 0;
+    if c.enable then
+      c.prompts * (c.repeats + 1) * (limit.baseSec + limit.perTokenSec * c.tokens)
+    else
+      0;
 in
 rec {
   inherit data canaryData;
@@ -100,6 +104,10 @@ rec {
       longestStart = maxOf (
         map (n: instances.${n}.startTimeoutSec + serviceData.timeoutStartMarginSec) names
       );
+      # an instance's step besides its start: its drain, the canary before and after, the hold
+      aroundStart = drainSec + 2 * canaryReadingSec rollout.canary + rollout.healthyForSec;
+      stopSec = builtins.ceil (aroundStart + longestStart + data.stopMarginSec);
+      startSec = startTimeoutSec { inherit instances rollout drainSec; };
     in
     {
       Unit = data.unit // {
@@ -136,28 +144,9 @@ rec {
         );
         # On SIGTERM (a switch restarting it, a shutdown) it finishes the batch in progress: its
         # drain, the canary before and after, the slowest start and the healthy hold.
-        TimeoutStopSec = "${
-          toString (
-            builtins.ceil (
-              drainSec
-              + 2 * canaryReadingSec rollout.canary
-              + longestStart
-              + rollout.healthyForSec
-              + data.stopMarginSec
-            )
-          )
-        }s";
+        TimeoutStopSec = "${toString stopSec}s";
       }
-      // (
-        if rollout.waitForVerdict then
-          {
-            TimeoutStartSec = "${toString (startTimeoutSec {
-              inherit instances rollout drainSec;
-            })}s";
-          }
-        else
-          { }
-      );
+      // optionalAttrs rollout.waitForVerdict { TimeoutStartSec = "${toString startSec}s"; };
       Install = data.install;
     };
 

@@ -19,7 +19,7 @@ let
   defaults = rolloutUnit.data.defaults;
   # the canary's defaults, bounds and what may be expected to change: dflashctl's own file
   canary = rolloutUnit.canaryData;
-  count =
+  canaryCount =
     key: what:
     let
       inherit (builtins) elemAt;
@@ -30,7 +30,7 @@ let
       default = canary.defaults.${key};
       description = "${what} (`dflashctl rollout --canary-${key}`).";
     };
-  ratio =
+  canaryRatio =
     key: flag: what:
     mkOption {
       type = types.addCheck types.float (r: r > 0 && r < 1) // {
@@ -55,11 +55,19 @@ let
 in
 {
   imports = [
-    (lib.mkRemovedOptionModule [ "services" "dflash" "rollout" "requireIdentical" ] ''
-      The canary now holds greedy outputs by default (and acceptance length and decode speed); a rollout
-      meant to change them names what: services.dflash.rollout.canary.expect = [ "outputs" ] (or "stack",
-      "model").
-    '')
+    (lib.mkRemovedOptionModule
+      [
+        "services"
+        "dflash"
+        "rollout"
+        "requireIdentical"
+      ]
+      ''
+        The canary now holds greedy outputs by default (and acceptance length and decode speed); a
+        rollout meant to change them names what: services.dflash.rollout.canary.expect = [ "outputs" ]
+        (or "stack", "model").
+      ''
+    )
   ];
 
   options.services.dflash = {
@@ -122,11 +130,11 @@ in
             is worse. `false` passes `--no-canary`: nothing is judged.
           '';
         };
-        prompts = count "prompts" "Prompts (token ids) per canary reading";
-        tokens = count "tokens" "Greedy tokens decoded per canary prompt";
-        repeats = count "repeats" "Times each canary prompt is asked; the median counts";
-        minAcceptRatio = ratio "minAcceptRatio" "--canary-min-accept-ratio" "acceptance length";
-        minSpeedRatio = ratio "minSpeedRatio" "--canary-min-speed-ratio" "decode speed (tokens/s)";
+        prompts = canaryCount "prompts" "Prompts (token ids) per canary reading";
+        tokens = canaryCount "tokens" "Greedy tokens decoded per canary prompt";
+        repeats = canaryCount "repeats" "Times each canary prompt is asked; the median counts";
+        minAcceptRatio = canaryRatio "minAcceptRatio" "--canary-min-accept-ratio" "acceptance length";
+        minSpeedRatio = canaryRatio "minSpeedRatio" "--canary-min-speed-ratio" "decode speed (tokens/s)";
         expect = mkOption {
           type = types.listOf (types.enum (builtins.attrNames canary.expect));
           default = [ ];

@@ -54,9 +54,22 @@ in
     values = module.options.services.dflash.upgrade.type.values;
     defaultText = module.options.services.dflash.upgrade.defaultText.literal;
   };
-  rollout = builtins.mapAttrs (_: declared) (removeAttrs module.options.services.dflash.rollout [ "canary" ]);
+  rollout = builtins.mapAttrs (_: declared) (
+    removeAttrs module.options.services.dflash.rollout [ "canary" ]
+  );
   canary = builtins.mapAttrs (
-    _: decl: declared decl // { bounds = if decl.type ? lo then [ decl.type.lo decl.type.hi ] else null; }
+    _: decl:
+    declared decl
+    // {
+      bounds =
+        if decl.type ? lo then
+          [
+            decl.type.lo
+            decl.type.hi
+          ]
+        else
+          null;
+    }
   ) module.options.services.dflash.rollout.canary;
   # mkRemovedOptionModule's (recording-lib.nix): each removed option's path and what it says instead
   removed = builtins.concatMap (m: m.imports or [ ]) modules;

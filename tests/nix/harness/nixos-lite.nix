@@ -142,18 +142,22 @@ let
       let
         name = builtins.concatStringsSep "." path;
         at = builtins.foldl' (v: k: v.${k}) config path;
+        # the path's names, innermost first: the option is wrapped in one set per name
+        reversed = builtins.genList (i: builtins.elemAt path (builtins.length path - 1 - i)) (
+          builtins.length path
+        );
       in
       {
         options = builtins.foldl' (inner: k: { ${k} = inner; }) (mkOption {
           type = types.unspecified;
           default = null;
-        }) (
-          builtins.genList (i: builtins.elemAt path (builtins.length path - 1 - i)) (builtins.length path)
-        );
+        }) reversed;
         config.assertions = [
           {
             assertion = at == null;
-            message = "The option definition `${name}' no longer has any effect; please remove it.\n${replacement}";
+            message = ''
+              The option definition `${name}' no longer has any effect; please remove it.
+              ${replacement}'';
           }
         ];
       };
