@@ -38,6 +38,8 @@ def one(tmp_path):
     groups = []
     yield sup, settings, groups
     for pgid in groups:  # whatever a failing test left behind
+        if pgid == os.getpgrp():  # a command that did not get a group of its own: never our own group
+            continue
         try:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
@@ -48,7 +50,8 @@ def one(tmp_path):
 def rollout(tmp_path: Path, sup: Supervisor, settings: Path, body: str, *extra: str):
     """The rollout with a restart script: the real restart, then `body`; (rc, JSON, stderr, seconds, pgid)."""
     script = tmp_path / "restart.sh"
-    script.write_text(f"echo $$ > {tmp_path}/pgid\n{sup.restart_command.replace('{name}', '$1')}\n{body}\n")
+    script.write_text(f"cut -d' ' -f5 /proc/$$/stat > {tmp_path}/pgid\necho \"restarting $1\"\n"
+                      f"{sup.restart_command.replace('{name}', '$1')}\n{body}\n")
     argv = [sys.executable, "-m", "dflashctl", "rollout", "--restart-command", f"sh {script} {{name}}",
             "--instance", str(settings), "--no-router", "--state-dir", str(tmp_path / "state"),
             "--healthy-for", "0", "--json", *extra]
@@ -70,7 +73,7 @@ def test_a_sleep_holding_the_output_stops_the_rollout_at_the_ready_timeout(one, 
     assert group_members(pgid) == []  # the sleep too
     # while it ran, every 5 s: how long, and its last line (which one depends on the machine's pace)
     assert "gpu0: the restart command has run 5 s; " in err
-    assert "restarted gpu0; waiting" in (tmp_path / "state" / "restart-gpu0.log").read_text()
+    assert "restarting gpu0" in (tmp_path / "state" / "restart-gpu0.log").read_text()  # kept for the operator
 
 
 def test_a_child_left_in_the_background_by_a_successful_restart_does_not_hang_it(one, tmp_path):
@@ -83,3 +86,34 @@ def test_a_child_left_in_the_background_by_a_successful_restart_does_not_hang_it
     [left] = group_members(pgid)  # not ended: what a command starts in the background is its business
     assert f"left 1 process(es) running in its group (pids {left})" in err
     assert sup.instances["gpu0"].starts == 2  # the real restart happened
+
+
+def test_ctrl_c_twice_ends_the_restart_commands_whole_group(one, tmp_path):
+    # the first Ctrl-C lets the instance in progress finish; the second stops at once, and the command
+    # (in a session of its own, so no terminal's Ctrl-C reaches it) must not be left running
+    sup, settings, groups = one
+    script = tmp_path / "restart.sh"
+    script.write_text(f"cut -d' ' -f5 /proc/$$/stat > {tmp_path}/pgid\n{sup.restart_command.replace('{name}', '$1')}\n"
+                      "sleep 600 &\nsleep 600\n")
+    argv = [sys.executable, "-m", "dflashctl", "rollout", "--restart-command", f"sh {script} {{name}}",
+            "--instance", str(settings), "--no-router", "--state-dir", str(tmp_path / "state"),
+            "--healthy-for", "0", "--ready-timeout", "300", "--json"]
+    p = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = ""
+    for line in p.stderr:
+        err += line
+        if "gpu0: restarting (" in line:
+            p.send_signal(signal.SIGINT)
+        elif "got SIGINT: finishing" in line:
+            t0 = time.monotonic()
+            p.send_signal(signal.SIGINT)
+            break
+    out, rest = p.communicate(timeout=300)
+    took = time.monotonic() - t0
+    err += rest
+    pgid = int((tmp_path / "pgid").read_text())
+    groups.append(pgid)
+    assert p.returncode == ROLLOUT_STOPPED, err
+    assert json.loads(out)["status"] == "interrupted"
+    assert took < KILL_GRACE_S + MARGIN_S
+    assert group_members(pgid) == []  # both sleeps too

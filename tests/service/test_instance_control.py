@@ -2,7 +2,7 @@
 
 The restart scripts are the ones that broke rollouts: a `sleep` holding the command's output past its
 deadline, a server started in the background without redirecting its output. Each test learns the
-command's process group from the script itself (`$$` of the session leader is its pgid) and checks
+command's process group from the script itself (its shell's, from /proc) and checks
 that no process of it is left, by pgid, in /proc. Deadlines are short, the margins around them wide:
 the machine running the tests may be loaded.
 """
@@ -19,9 +19,9 @@ MARGIN_S = 20.0  # what a loaded machine may add to a deadline; a hang is minute
 
 
 def script(tmp_path: Path, body: str) -> str:
-    """A --restart-command template running `body` under sh, which first writes its pgid to `pgid`."""
+    """A --restart-command template running `body` under sh, which first writes its process group to `pgid`."""
     path = tmp_path / "restart.sh"
-    path.write_text(f"echo $$ > {tmp_path}/pgid\n{body}\n")
+    path.write_text(f"cut -d' ' -f5 /proc/$$/stat > {tmp_path}/pgid\n{body}\n")
     return f"sh {path} {{name}}"
 
 
@@ -35,6 +35,8 @@ def reap():
     groups = []
     yield groups.append
     for pgid in groups:
+        if pgid == os.getpgrp():  # a command that did not get a group of its own: never our own group
+            continue
         try:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
