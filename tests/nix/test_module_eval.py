@@ -249,14 +249,16 @@ def test_a_host_can_choose_either_way_and_tune_the_rollout():
     out = evaluate({"a": QWEN}, host=host)["services"]
     argv = out["dflash-rollout"]["serviceConfig"]["ExecStart"].split()
     assert "--no-router" in argv and argv[argv.index("--batch") + 1] == "2"
-    assert argv[argv.index("--canary-min-speed-ratio") + 1] == "0.7" and argv[argv.index("--canary-expect") + 1] == "stack"
+    assert argv[argv.index("--canary-min-speed-ratio") + 1] == "0.7"
+    assert argv[argv.index("--canary-expect") + 1] == "stack"
     assert out["dflash-rollout"]["serviceConfig"]["Type"] == "notify"
     for bad in ("canary.minSpeedRatio = 1.0;", "canary.tokens = 1000000000;", 'canary.expect = [ "nothing" ];'):
         with pytest.raises(Refused) as e:
             evaluate({"a": QWEN}, host=f'{{ services.dflash.upgrade = "rolling"; services.dflash.rollout.{bad} }}')
         assert "services.dflash.rollout.canary." in str(e.value) and "is not of type" in str(e.value), bad
     # the old option: an assertion naming what replaced it (NixOS's mkRemovedOptionModule)
-    out = evaluate({"a": QWEN}, host='{ services.dflash.upgrade = "rolling"; services.dflash.rollout.requireIdentical = true; }')
+    out = evaluate({"a": QWEN},
+                   host='{ services.dflash.upgrade = "rolling"; services.dflash.rollout.requireIdentical = true; }')
     [message] = [m for m in out["failedAssertions"] if "requireIdentical" in m]
     assert "no longer has any effect" in message and "services.dflash.rollout.canary.expect" in message
     out = evaluate({"a": QWEN}, host='{ services.dflash.upgrade = "restart"; }', router={"enable": True})

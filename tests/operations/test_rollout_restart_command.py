@@ -78,7 +78,8 @@ def test_a_sleep_holding_the_output_stops_the_rollout_at_the_ready_timeout(one, 
 
 def test_a_child_left_in_the_background_by_a_successful_restart_does_not_hang_it(one, tmp_path):
     sup, settings, groups = one
-    rc, result, err, took, pgid = rollout(tmp_path, sup, settings, "sleep 600 &\necho started", "--ready-timeout", "300")
+    rc, result, err, took, pgid = rollout(tmp_path, sup, settings, "sleep 600 &\necho started",
+                                          "--ready-timeout", "300")
     groups.append(pgid)
     assert rc == 0, err
     assert result["instances"][0]["outcome"] == "done"

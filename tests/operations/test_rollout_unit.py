@@ -124,7 +124,8 @@ def test_the_command_line_is_one_dflashctl_accepts_with_the_settings_asked_for()
     assert args.instance == ["/nix/store/00000000000000000000000000000000-dflash-instances.json"]
     assert args.router == "/etc/dflash-router.json" and not args.no_router
     # --batch: the rollout's own dest for it (max_unavailable, where it became an alias of that)
-    assert (vars(args).get("max_unavailable", vars(args).get("batch")), args.healthy_for, args.resume) == (2, 30.0, True)
+    batch = vars(args).get("max_unavailable", vars(args).get("batch"))
+    assert (batch, args.healthy_for, args.resume) == (2, 30.0, True)
     assert canary.settings_of(args) == canary.CanarySettings(
         prompts=8, tokens=256, repeats=5, min_accept_ratio=0.85, min_speed_ratio=0.7,
         expect_change=frozenset({"stack", "drafter"}))
