@@ -1,8 +1,8 @@
 """The fast start through `dflashctl serve` and the stand-in SGLang, whose server process spawns a
 scheduler and a detokenizer as SGLang 0.5.11 does, each importing standin_heavy.py (which logs
-every import by pid): with `fastStart` (the default) the children are forked from the template and
+every import by pid): with `fastStart = true` the children are forked from the template and
 import nothing again; they stay the server's own children in serve's process group; a child's
-failure reaches serve as it does without; `fastStart = false` is SGLang's spawn, untouched."""
+failure reaches serve as it does without; off (the default) is SGLang's spawn, untouched."""
 
 import json
 import os
@@ -70,7 +70,7 @@ def _stop(proc) -> str:
 
 
 def test_children_forked_from_the_template_import_nothing_again(started):
-    proc, pids, imports = started(None)  # the default: on
+    proc, pids, imports = started(True)
     server = _server_pid(proc)
     assert pids["scheduler"] not in imports and pids["detokenizer"] not in imports
     assert server in imports and len(imports) == 2  # the server itself, and the template once
@@ -83,8 +83,9 @@ def test_children_forked_from_the_template_import_nothing_again(started):
         assert _ended(pid), f"serve's stop left {pid} of the instance running"
 
 
-def test_off_spawns_as_sglang_does(started):
-    proc, pids, imports = started(False)
+@pytest.mark.parametrize("fast", [None, False])  # None: the default, off until measured on a GPU host
+def test_off_spawns_as_sglang_does(started, fast):
+    proc, pids, imports = started(fast)
     server = _server_pid(proc)
     assert sorted(imports) == sorted([server, pids["scheduler"], pids["detokenizer"]])  # each imports
     for pid in (pids["scheduler"], pids["detokenizer"]):

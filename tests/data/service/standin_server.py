@@ -631,6 +631,14 @@ def start_children() -> None:
 
 def run_server() -> None:
     import_heavy()
+    # What the mode does runs from the server's start, beside its children's start (which a loaded
+    # machine or the fast start's template may make slow): a crash or a stall does not wait for them.
+    if mode == "crash":
+        threading.Thread(target=crash_later, daemon=True).start()
+    if mode == "die-after-ready":
+        threading.Thread(target=die_after_ready, daemon=True).start()
+    if mode == "stall":
+        threading.Thread(target=progress_then_stall, daemon=True).start()
     if os.environ.get("STANDIN_SGLANG_CHILDREN", "1") != "0" and mode != "silent":
         start_children()
     for _ in range(int(os.environ.get("STANDIN_CHILDREN", "0"))):
@@ -644,12 +652,6 @@ def run_server() -> None:
                 f.write(f"{os.getpid()} {os.getuid()}\n")
     if os.environ.get("STANDIN_JIT") == "1":
         jit_build()
-    if mode == "crash":
-        threading.Thread(target=crash_later, daemon=True).start()
-    if mode == "die-after-ready":
-        threading.Thread(target=die_after_ready, daemon=True).start()
-    if mode == "stall":
-        threading.Thread(target=progress_then_stall, daemon=True).start()
     if mode == "silent":
         while True:
             time.sleep(3600)
