@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -309,3 +310,32 @@ def test_doctor_names_why_the_template_is_refused(tmp_path, fake_libcuda):
                                     "template could not initialise CUDA (cuInit answered 3); with fastStart = "
                                     "true SGLang spawns its children as before")
     assert "leave fastStart off here" in check.fix
+
+
+def test_the_template_dies_with_the_server_even_while_it_imports(tmp_path):
+    """PR_SET_PDEATHSIG: a server that exits (or is killed) leaves no template importing on."""
+    (tmp_path / "stuck_import.py").write_text(
+        "import os, time\nopen(os.environ['STUCK_PIDFILE'], 'w').write(str(os.getpid()))\ntime.sleep(3600)\n")
+    (tmp_path / "list.json").write_text(json.dumps({"preload": ["stuck_import"]}))
+    pidfile = tmp_path / "template.pid"
+    (tmp_path / "server.py").write_text(
+        "import os, sys, time\n"
+        "while not (os.path.exists(sys.argv[1]) and open(sys.argv[1]).read()):\n"
+        "    time.sleep(0.05)\n")
+    env = {k: v for k, v in os.environ.items() if k != faststart.ENV}
+    env.update(PYTHONPATH=str(kernels.HOOK_DIR), STUCK_PIDFILE=str(pidfile),
+               **{faststart.ENV: str(tmp_path / "list.json")})
+    subprocess.run([sys.executable, str(tmp_path / "server.py"), str(pidfile)], env=env, timeout=120,
+                   cwd=tmp_path, check=True)
+    template = int(pidfile.read_text())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            state = open(f"/proc/{template}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break  # gone
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the template {template} outlived its server")

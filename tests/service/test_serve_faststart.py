@@ -98,12 +98,14 @@ def test_off_spawns_as_sglang_does(started, fast):
 def test_a_failing_child_reaches_serve_within_a_second(started, tmp_path, fast):
     """The scheduler raises after ready and signals its parent (psutil's parent() in SGLang): that
     must be the server, which then ends the instance; serve reports it."""
-    proc, pids, _ = started(fast, scheduler_fail_after=1.0, death_file=tmp_path / "died")
+    proc, pids, imports = started(fast, scheduler_fail_after=1.0, death_file=tmp_path / "died")
     _, err = proc.communicate(timeout=NEVER)
     seen = time.time()
     assert proc.returncode == errors.SERVER_DIED_AFTER_READY, err
     assert "Received sigquit from a child process" in err
     assert seen - float((tmp_path / "died").read_text()) < 1.0
+    for pid in {pids["scheduler"], pids["detokenizer"], *imports}:  # the server, the template, the children
+        assert _ended(pid), f"{pid} of the instance outlived serve"
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -118,3 +120,25 @@ def test_a_killed_child_is_seen_by_the_server_watchdog(started, fast):
     assert proc.returncode == errors.SERVER_DIED_AFTER_READY, err
     assert "Subprocess detokenizer" in err and "crashed with exit code -9" in err
     assert took < 2.5  # the watchdog's second, serve's poll, the process tree's end
+
+
+def test_a_crash_while_the_template_still_imports_ends_the_instance_at_once(serve, tmp_path):
+    """The server dies (SIGKILL) while its first child waits for a template whose import never ends:
+    serve reports it at once and nothing is left (the template dies with the server)."""
+    (tmp_path / "stuck_import.py").write_text(
+        "import os, time\nopen(os.environ['STUCK_PIDFILE'], 'w').write(str(os.getpid()))\ntime.sleep(3600)\n")
+    preload = tmp_path / "preload.json"
+    preload.write_text(json.dumps({"preload": ["stuck_import"]}))
+    pidfile = tmp_path / "template.pid"
+    proc = serve("healthy", ["--skip-preflight"], settings={"fastStart": True},
+                 environment={"DFLASH_FASTSTART": str(preload), "PYTHONPATH": str(tmp_path),
+                              "STUCK_PIDFILE": str(pidfile)})
+    end = time.monotonic() + NEVER
+    while not (pidfile.exists() and pidfile.read_text()) and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.05)
+    template = int(pidfile.read_text())
+    os.kill(_server_pid(proc), signal.SIGKILL)
+    _, err = proc.communicate(timeout=NEVER)  # the server would have waited 30 s for the template
+    assert proc.returncode == errors.SERVER_DIED_BEFORE_READY, err
+    assert "exited with status -9 (killed by SIGKILL) before it was ready" in err
+    assert _ended(template), "the template outlived the instance"

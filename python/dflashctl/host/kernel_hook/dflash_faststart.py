@@ -10,11 +10,15 @@ use `fork` instead: SGLang's import initialises CUDA (`torch.cuda.is_available()
 Here, the server process (the first process of an instance, the one that pops $DFLASH_FASTSTART)
 starts a *template* at once, beside its own imports. The template imports the libraries the
 children import (the list in the file $DFLASH_FASTSTART names: third-party modules only, SGLang's
-own modules touch CUDA at import) with CUDA fenced off, then checks it is safe to fork: CUDA not
-initialised (libcuda's `cuDeviceGetCount` answers CUDA_ERROR_NOT_INITIALIZED), torch not initialised
-and not marked for a bad fork, NVML shut down, one thread. When SGLang starts a child the spawn
-way, the server sends the template what spawn would send a fresh interpreter (its preparation data
-and the pickled process object, the file descriptors it carries) and its environment of that
+own modules touch CUDA at import) and must never initialise CUDA. Torch's way to it is fenced off
+while it imports, and after each entry it checks that CUDA is untouched (nothing reached the fence,
+torch not initialised, libcuda's `cuDeviceGetCount` still answering CUDA_ERROR_NOT_INITIALIZED): an
+entry that touched it, or whose import failed, is left out and the template starts over without it
+(a fresh exec; what an import did cannot be taken back). Then it checks it is safe to fork: NVML
+shut down, no GPU device open, a test child forked from it in which torch is willing and the
+driver's cuInit succeeds, one thread left once fork handlers ran. When SGLang starts a child the
+spawn way, the server sends the template what spawn would send a fresh interpreter (its preparation
+data and the pickled process object, the file descriptors it carries) and its environment of that
 moment; the template forks, and the child continues exactly as a spawned one does
 (`multiprocessing.spawn.prepare`, then `process._bootstrap`), without importing those libraries again.
 
@@ -28,9 +32,10 @@ What stays as with spawn:
   that differs from the template's start and that a preloaded module read while it was imported
   (recorded), or one only the loader or the interpreter read at exec (LD_*, PYTHON*, ...), or another
   executable (SGLang's numactl wrapper): that child is spawned as before, and the log says why.
-Anything the template cannot do (it died, it is not ready within READY_WAIT_S, CUDA was touched
-during its imports) falls back to spawn, with the reason in the log. Off: unset $DFLASH_FASTSTART
-(the instance setting `fastStart = false`).
+Anything the template cannot do (it died, it is not ready when the server has waited as long as it
+has itself run, a check above failed) falls back to spawn, with the reason in the log. The template
+dies with the server (PR_SET_PDEATHSIG). Off: unset $DFLASH_FASTSTART (the instance setting
+`fastStart = false`, the default until measured on a GPU host).
 """
 
 import ctypes
