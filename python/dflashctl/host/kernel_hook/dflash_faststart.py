@@ -596,6 +596,9 @@ def fork_safety_problem() -> tuple[str | None, str]:
     if probe.get("cuinit") not in (None, 0, CUDA_ERROR_NO_DEVICE):
         return (f"a child forked from the template could not initialise CUDA (cuInit answered "
                 f"{probe['cuinit']})"), probe["text"]
+    if probe.get("count_rc") not in (None, 0):
+        return (f"in a child forked from the template CUDA initialised but cuDeviceGetCount answered "
+                f"{probe['count_rc']}"), probe["text"]
     if probe.get("error"):
         return f"a child forked from the template failed: {probe['error']}", probe["text"]
     threads = _threads()
@@ -649,6 +652,9 @@ def _fork_probe() -> dict:
                 cuda = None
             if cuda is not None:
                 found["cuinit"] = cuda.cuInit(0)
+                if found["cuinit"] == 0:  # and the driver then answers for its devices
+                    count = ctypes.c_int(0)
+                    found["count_rc"] = cuda.cuDeviceGetCount(ctypes.byref(count))
         except BaseException as e:
             found["error"] = f"{type(e).__name__}: {e}"
         os.write(writer, json.dumps(found).encode())
