@@ -103,7 +103,8 @@ if want death; then
     stamp "death: skipped, ${limit}s left"
   else
     s=$(ms)
-    HOME=/tmp/i44/death-home timeout --signal=INT --kill-after=20 "$limit" $PY benchmarks/gpu/faststart_death.py \
+    kernels=(); [ -f "$K/index.json" ] && kernels=(DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1)
+    env "${kernels[@]}" timeout --signal=INT --kill-after=20 "$limit" $PY benchmarks/gpu/faststart_death.py \
       --out "$OUT" --fast-start --python "$(command -v $PY)" >"$OUT/death.txt" 2>&1
     stamp "death: exit $? after $(secs_since "$s")s: $(tail -n1 "$OUT/death.txt" | cut -c1-400)"
     grep -h 'dflash faststart' "$OUT/faststart-death-sglang.log" 2>/dev/null | sed 's/(pid [0-9]*)//' | cut -c1-300 \

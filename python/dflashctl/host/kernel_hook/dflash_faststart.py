@@ -637,8 +637,11 @@ def _threads() -> list[str]:
 def _fork_probe() -> dict:
     """Fork one test child that does what a scheduler does first: is torch willing, and does the
     driver initialise in it (cuInit, where a driver is loadable; on a GPU host this is the proof)."""
+    import warnings
     reader, writer = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():  # Python 3.12 warns of threads here: counting them after is the point
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:
         os.close(reader)
         found: dict = {}
