@@ -25,7 +25,8 @@ stand-in sets its own). For the systemd tier (tests/service/test_systemd.py), al
                       dlopens a shared library, as SGLang's first start does (exit 5 if that fails)
 Its processes start as SGLang 0.5.11's do (srt/entrypoints/engine.py): after its own imports it sets
 multiprocessing's `spawn` start method and starts a scheduler (which reports ready through a pipe)
-and a detokenizer with `mp.Process`, waits for the scheduler, then listens. Each of the three
+and a detokenizer with `mp.Process`, waits for the scheduler, then listens (what the mode does, a
+crash or a stall, runs from the server's start, beside its children's start). Each of the three
 imports standin_heavy.py (beside this file; skipped where it is not), which appends its pid to
 STANDIN_IMPORT_LOG. The children set PR_SET_PDEATHSIG against their parent and, on an exception,
 send their parent (psutil's `parent()` in SGLang) SIGQUIT; the server then kills its process tree
