@@ -143,7 +143,8 @@ class Rollout:
         """Where the instance's own account of a failure is: its journal only where systemd runs it."""
         if self.systemd:
             return f"read `journalctl -u {t.unit}`"
-        return "read the restart command's output above and the instance's log"
+        kept = self.control.log_path(t.name)
+        return f"read the restart command's output ({kept or 'above'}) and the instance's log"
 
     # --- the router, tolerant of a restart ---------------------------------------------------------
     def router(self, fn, *args):
