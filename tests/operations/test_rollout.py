@@ -31,9 +31,9 @@ def host(tmp_path):
     made = []
 
     def make(n: int = 4, router: bool = True, settings: dict | None = None, **env) -> Host:
-        h = Host(tmp_path, n, settings, **env).start(router)
-        made.append(h)
-        return h
+        h = Host(tmp_path, n, settings, **env)
+        made.append(h)  # stopped at the end even when its start fails half way
+        return h.start(router)
     yield make
     for h in made:
         h.stop()

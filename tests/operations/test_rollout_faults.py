@@ -32,9 +32,9 @@ def host(tmp_path):
     made = []
 
     def make(n: int = 2, settings: dict | None = None, **env) -> Host:
-        h = Host(tmp_path, n, settings, **env).start()
-        made.append(h)
-        return h
+        h = Host(tmp_path, n, settings, **env)
+        made.append(h)  # stopped at the end even when its start fails half way
+        return h.start()
     yield make
     for h in made:
         h.stop()
