@@ -13,7 +13,7 @@ each host and stops on the first non-zero exit. In order:
    it, under systemd: `rollout --dry-run` afterwards must find nothing to restart). Otherwise the
    rollout's exit code, after putting back the units it replaced (daemon-reload) and `current`, so
    that an instance systemd or a supervisor restarts from now on gets the build the host serves,
-   and then reverting (Nomad's auto_revert): the instances the rollout touched (left out of the
+   and, when the rollout itself stopped, reverting (Nomad's auto_revert): the instances it touched (left out of the
    router, or already on the new build) are restarted on that build by `rollout --resume --all
    --only` them (their canary judged) and put back, so the host ends at full capacity on the old
    build (`reverted`).
@@ -295,6 +295,7 @@ def roll(args, build: Build, extra: list[str], systemd: bool, units_dir: Path, c
     say(f"rolling out build {build.id} ({build.path}) to {', '.join(names)}")
     env = dict(os.environ, DFLASH_BUILD=str(build.path))
     code, report = run_rollout(rollout_argv(build, args, extra), env)
+    stopped = code != OK
     missing = not_on_build(report, names) if code == OK else []
     if code == OK and systemd:
         _, plan = run_rollout(rollout_argv(build, args, extra, dry_run=True), env)
@@ -310,7 +311,8 @@ def roll(args, build: Build, extra: list[str], systemd: bool, units_dir: Path, c
         if systemd and before:
             daemon_reload()
         point_current(root, previous)
-        reverted = revert(build, args, extra, env, report)
+        if stopped:  # the rollout itself stopped (not only the proof after it): what it touched goes back
+            reverted = revert(build, args, extra, env, report)
     changed = report is None or any(s.get("outcome") != "not reached" for s in report.get("instances", []))
     write_state(args.state_dir, {"build": build.id, "status": "done" if code == OK else "failed",
                                  "settings": settings, "previous_build": previous, "time": time.time()})
