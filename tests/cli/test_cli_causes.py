@@ -5,6 +5,7 @@ SIGTERM with --json: tests/cli/test_cli_interrupts.py; the router's interpreter:
 tests/operations/test_router.py."""
 
 import json
+import re
 from pathlib import Path
 
 from dflashctl import cli, errors
@@ -127,3 +128,41 @@ def test_validate_reads_router_settings_as_router_settings(tmp_path, capsys):
     assert any(e.startswith("drainSec:") for e in obj["errors"]) and any("polcy" in e for e in obj["errors"])
     assert len(obj["errors"]) == 2, obj["errors"]  # no "unknown setting" for the keys the router has
 
+
+# --- the docs a newcomer follows --------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent.parent
+EXAMPLES = sorted((REPO / "docs" / "examples").glob("*.json"))
+
+
+def test_the_readmes_example_settings_are_valid_and_named(capsys):
+    """README uses gpu0.json throughout: the example files exist, README names each, each
+    validates, and the router section's two instances fit behind one router."""
+    readme = (REPO / "README.md").read_text()
+    assert {p.name for p in EXAMPLES} >= {"gpu0.json", "gpu1.json"}
+    for path in EXAMPLES:
+        assert f"docs/examples/{path.name}" in readme, path.name
+        rc, out, err = main(capsys, "validate", path)
+        assert rc == errors.OK and "valid" in out, err
+    rc, out, err = main(capsys, "router-unit", *[a for p in EXAMPLES for a in ("--instance", p)],
+                        "--python", "/usr/bin/env", "--dflashctl", "/usr/bin/env")
+    assert rc == errors.OK, err
+    assert "# Workers: http://127.0.0.1:30000 http://127.0.0.1:30001" in out
+
+
+def test_test_files_the_docs_tell_to_run_exist():
+    """docs/service.md named test_systemd.py after it had moved to tests/service/."""
+    named = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for command in re.findall(r"`([^`\n]*pytest[^`\n]*)`", doc.read_text()):
+            named += [(doc.name, w) for w in command.split() if w.endswith(".py")]
+    assert named, "no pytest command found in the docs: the pattern is stale"
+    missing = [(doc, w) for doc, w in named if not (REPO / "tests" / w).is_file()]
+    assert not missing, f"docs name test files that do not exist (relative to tests/): {missing}"
+
+
+def test_readme_says_what_models_fetch_and_the_pip_path_need():
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "`huggingface_hub` only for `dflashctl models fetch`" in readme
+    assert "Debian 12 ships 3.11 only" in readme and "uv python install 3.12" in readme
+    assert "about 5 s" not in readme and "66 s cold" in readme
