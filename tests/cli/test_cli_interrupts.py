@@ -11,6 +11,7 @@ is sent only once it is there.
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -27,12 +28,28 @@ DEADLINE_S = 120.0  # for a loaded machine; a healthy run takes a few seconds
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
 
 
+def instance_port_socket() -> socket.socket:
+    """A socket bound to a loopback port an instance may use (SGLang 0.5.11 adds 10000 for gRPC, so
+    the settings refuse ports above 55535, where many ephemeral ones are): below the kernel's
+    ephemeral range, another if one is taken."""
+    rng = random.Random()
+    for _ in range(200):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", rng.randrange(20000, 32768)))
+            return s
+        except OSError:
+            s.close()
+    pytest.fail("no free loopback port between 20000 and 32767")
+
+
 class TrickleServer:
     """Takes connections and answers each so slowly that it never finishes: a status line, then a
     header line a second. `connected` is set at the first connection."""
 
     def __init__(self):
-        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock = instance_port_socket()
+        self.sock.listen()
         self.port = self.sock.getsockname()[1]
         self.connected = threading.Event()
         self.stop = threading.Event()
@@ -197,10 +214,11 @@ def test_without_json_the_interruption_is_one_paragraph_and_stdout_stays_empty(t
     assert err.splitlines()[-1].startswith("  fix: run `dflashctl status` again")
 
 
-def test_a_status_watch_ends_on_sigterm_as_on_ctrl_c(tmp_path, trickle):
+def test_a_status_watch_ends_on_sigterm_as_on_ctrl_c(tmp_path):
     """--watch runs until stopped: SIGTERM ends it as Ctrl-C does, the last report standing (no error)."""
+    closed = instance_port_socket()  # bound, never listening: its port refuses connections while held
     settings = tmp_path / "a.json"
-    settings.write_text(json.dumps({"name": "a", "model": "m", "port": 9, "gpus": [0]}))
+    settings.write_text(json.dumps({"name": "a", "model": "m", "port": closed.getsockname()[1], "gpus": [0]}))
     proc = start(["status", "--instance", settings, "--no-router", "--no-systemd", "--json", "--watch", "0.2"],
                  tmp_path)
     lines = []
@@ -210,5 +228,6 @@ def test_a_status_watch_ends_on_sigterm_as_on_ctrl_c(tmp_path, trickle):
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=DEADLINE_S)
     reader.join(timeout=DEADLINE_S)
+    closed.close()
     assert proc.returncode == 1, proc.stderr.read()  # the instance does not answer: unhealthy, not interrupted
     assert all(json.loads(ln)["exit_code"] == 1 for ln in lines if ln.strip())
