@@ -48,6 +48,16 @@ def standin_settings(tmp: Path, n: int, token_delay: str, listen_after: float, r
     return out
 
 
+def set_drafter(files: list[Path], drafter: str | None) -> dict[Path, str]:
+    """Each settings file's draftModel set to `drafter` (the next start's definition); the old ones."""
+    old = {}
+    for f in files:
+        s = json.loads(f.read_text())
+        old[f] = s.get("draftModel")
+        f.write_text(json.dumps({**s, "draftModel": drafter}, indent=2))
+    return old
+
+
 def upgrade(mode: str, sup: Supervisor, files: list[Path], router: Router, tmp: Path, args) -> dict:
     if mode == "all":
         started = time.monotonic()
@@ -58,17 +68,23 @@ def upgrade(mode: str, sup: Supervisor, files: list[Path], router: Router, tmp: 
     settings.write_text(json.dumps(router.settings))
     argv = [sys.executable, "-m", "dflashctl", "rollout", "--router", str(settings), "--restart-command",
             sup.restart_command, "--state-dir", str(tmp / "state"), "--healthy-for", str(args.healthy_for),
-            "--batch", str(args.batch), "--json", *sum((["--instance", str(f)] for f in files), [])]
+            "--batch", str(args.batch), "--json", *sum((["--instance", str(f)] for f in files), []),
+            # stand-ins: their speed is the machine's load (docs/benchmarks.md); real instances: judged
+            *(["--canary-expect", "speed"] if not args.instance else []),
+            *(["--resume"] if mode == "revert" else [])]
     started = time.monotonic()
     r = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=args.start_timeout * len(files) + 600)
     seconds = round(time.monotonic() - started, 1)
-    if r.returncode != 0:
+    if r.returncode != 0 and mode != "to-drafter":  # rolling to --to-drafter is meant to stop
         raise SystemExit(f"the rollout failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
     result = json.loads(r.stdout)
-    return {"ok": True, "seconds": seconds,
-            "instances": [{k: s[k] for k in ("name", "out_of_rotation_s", "restart_to_ready_s", "drain_s",
-                                             "back_in_s")} | {"canary": s["canary"]["verdict"]}
-                          for s in result["instances"]]}
+    return {"ok": r.returncode == 0, "exit_code": r.returncode, "seconds": seconds,
+            "error": (result.get("error") or {}).get("what"),
+            "instances": [{k: s.get(k) for k in ("name", "outcome", "step", "out_of_rotation_s", "restart_to_ready_s",
+                                                 "drain_s", "back_in_s")}
+                          | {"canary": (s.get("canary") or {}).get("summary") or (s.get("canary") or {}).get("verdict")}
+                          for s in result["instances"]],
+            "starts": {n: i.starts for n, i in sup.instances.items()}}
 
 
 def measure(mode: str, sup: Supervisor, files: list[Path], router: Router, tmp: Path, args) -> dict:
@@ -107,6 +123,10 @@ def main() -> None:
     ap.add_argument("--start-timeout", type=float, default=900)
     ap.add_argument("--start-together", action="store_true",
                     help="start every instance at once (each on its own GPUs; default: one after the other)")
+    ap.add_argument("--to-drafter", metavar="PATH",
+                    help="roll to this drafter (e.g. the smoke's broken one), expecting the canary to stop it at "
+                         "the first instance; then revert (the old drafter, `rollout --resume`), then roll the "
+                         "identical build (modes to-drafter, revert, rolling; --mode is ignored)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--work-dir", metavar="DIR", help="keep the logs here (default: a temporary directory)")
     args = ap.parse_args()
@@ -138,7 +158,15 @@ def main() -> None:
         results = {}
         try:
             router.wait_healthy(settings["workers"], timeout=120)
-            for mode in (("rolling", "all") if args.mode == "both" else (args.mode,)):
+            modes = (("to-drafter", "revert", "rolling") if args.to_drafter else
+                     ("rolling", "all") if args.mode == "both" else (args.mode,))
+            old = None
+            for mode in modes:
+                if mode == "to-drafter":
+                    old = set_drafter(files, args.to_drafter)
+                elif mode == "revert":
+                    for f, drafter in old.items():
+                        set_drafter([f], drafter)
                 results[mode] = measure(mode, sup, files, router, tmp, args)
                 print(json.dumps({mode: results[mode]}), flush=True)  # kept if a later mode is cut short
                 if args.json:
@@ -162,10 +190,12 @@ def main() -> None:
                   f"{p['p99_s']} s | {p['longest_without_answer_s']} s |")
     for mode, r in results.items():
         print(f"\n{mode}: upgrade took {r['seconds']} s; at least {r['least_in_rotation']} worker(s) in rotation, "
-              f"{r['seconds_with_none_in_rotation']} s with none")
+              f"{r['seconds_with_none_in_rotation']} s with none; exit {r.get('exit_code', 0)}"
+              + (f": {r['error']}" if r.get("error") else "") + (f"; starts {r['starts']}" if r.get("starts") else ""))
         for s in r.get("instances", []):
-            print(f"  {s['name']}: out of rotation {s['out_of_rotation_s']} s (restart to ready "
-                  f"{s['restart_to_ready_s']} s, drain {s['drain_s']} s), canary {s['canary']}")
+            print(f"  {s['name']}: {s.get('outcome', 'done')}{' at ' + s['step'] if s.get('step') else ''}, out of "
+                  f"rotation {s['out_of_rotation_s']} s (restart to ready {s['restart_to_ready_s']} s, drain "
+                  f"{s['drain_s']} s), canary {s['canary']}")
         for name, p in r["phases"].items():
             for e in p["errors"]:
                 print(f"  {name}: {e}")

@@ -27,16 +27,16 @@ from router_harness import Load, Router, generate_body, needs_router
 
 pytestmark = [needs_router, needs_fleet, pytest.mark.slow]
 
-# What a host serves and how a bad build is caught: the one place to change when the canary judges
-# speed and acceptance (issue 40). Today: a build whose greedy outputs change, stopped by the rollout's
-# --require-identical. For "a build whose acceptance falls", give the instances a speculative algorithm
-# (the stand-in then reports acceptance), make BAD_BUILD lower it (STANDIN_ACCEPT_LENGTH_FILE) and
-# drop --require-identical from JUDGE.
+# What a host serves and how a bad build is caught: the rollout's canary, which judges greedy outputs,
+# acceptance and speed by default (issue 40). Here a build whose greedy outputs change; the canary
+# asks 32 tokens once and does not judge speed (stand-ins' 2 ms tokens on a loaded machine cannot
+# decide it). For "a build whose acceptance falls", give the instances the smoke's oracle pair
+# (tests/operations/test_rollout_faults.py) and make BAD_BUILD name its broken drafter.
 INSTANCES = {name: {"model": "standin-model", "port": port, "host": "0.0.0.0",  # the fleet's Prometheus scrapes it
                     "environment": {"STANDIN_READY_AFTER": "1.0", "STANDIN_TOKEN_DELAY": "0.002"}}
              for name, port in (("gpu0", 30000), ("gpu1", 30001))}
 BAD_BUILD = {"STANDIN_DIVERGE_FROM": "0"}
-JUDGE = ["--require-identical"]
+JUDGE = ["--canary-tokens", "32", "--canary-repeats", "1", "--canary-expect", "speed"]
 ROLLOUT_ARGS = ["--healthy-for", "2", *JUDGE]
 PLAYBOOK = REPO / "deploy" / "ansible" / "playbook.yml"
 BIN = Path(sys.executable).parent
@@ -153,7 +153,7 @@ def test_a_bad_build_stops_on_the_first_host_and_the_others_are_never_touched(fl
     assert "fatal: [host1]" in r.stdout, r.stdout[-3000:]
     message = r.stdout[r.stdout.index("fatal: [host1]"):]
     assert "host1: upgrade to build" in message and "stopped at instance gpu0" in message, message[:2000]
-    assert "verdict=differs" in message and "canary:" in message, message[:2000]  # the canary's figures
+    assert "canary: failed" in message and "outputs differs" in message, message[:2000]  # the canary's figures
     print(f"bad build: stopped on host1 after {seconds:.1f} s, {len(outcomes)} requests, {len(failed)} failed; "
           f"host2 and host3 untouched")
 

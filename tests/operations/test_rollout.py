@@ -15,77 +15,25 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from dflashctl.errors import CONFIG, ROLLOUT_BUSY, ROLLOUT_STOPPED
 from dflashctl.operations import rollout_state
-from dflashctl.service import config
-from rollout_harness import Rotation, Supervisor, serve_argv
-from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body, needs_router
+from rollout_harness import Rotation, serve_argv
+from rollout_host import Host
+from router_harness import ENV, STANDIN, Router, free_port, needs_router
 
 pytestmark = [needs_router, pytest.mark.slow]
-
-
-class Host:
-    """N instances under the supervisor, the router in front, the rollout's command line."""
-
-    def __init__(self, tmp: Path, n: int, **env: str):
-        self.tmp = tmp
-        self.sup = Supervisor(tmp)
-        self.files = []
-        for i in range(n):
-            path = tmp / f"gpu{i}.json"
-            path.write_text(json.dumps({
-                "name": f"gpu{i}", "model": "standin-model", "port": free_port(config.MAX_PORT),
-                "environment": {"STANDIN_READY_AFTER": "1.0", "STANDIN_TOKEN_DELAY": "0.002", **env}}))
-            self.files.append(path)
-            self.sup.add(f"gpu{i}", serve_argv(path, STANDIN), dict(ENV, LOGS_DIRECTORY=str(tmp)))
-        self.urls = [config.load(f).base_url for f in self.files]
-        self.router: Router | None = None
-
-    def start(self, router: bool = True) -> "Host":
-        self.sup.serve_control().start_all()
-        if router:
-            self.router = Router({"workers": self.urls}, self.tmp).start()
-            self.router.wait_healthy(self.urls)
-            (self.tmp / "router-settings.json").write_text(json.dumps(self.router.settings))
-        return self
-
-    def argv(self, *extra: str, router: bool = True) -> list[str]:
-        argv = [sys.executable, "-m", "dflashctl", "rollout", "--restart-command", self.sup.restart_command,
-                "--state-dir", str(self.tmp / "state"), "--healthy-for", "1", "--json"]
-        argv += ["--router", str(self.tmp / "router-settings.json")] if router else ["--no-router"]
-        for f in self.files:
-            argv += ["--instance", str(f)]
-        return argv + list(extra)
-
-    def rollout(self, *extra: str, router: bool = True, timeout: float = 300) -> tuple[int, dict, str]:
-        r = subprocess.run(self.argv(*extra, router=router), env=ENV, capture_output=True, text=True,
-                           timeout=timeout)
-        return r.returncode, json.loads(r.stdout) if r.stdout.strip() else {}, r.stderr
-
-    def load(self) -> Load:
-        return Load(self.router.url + "/generate", generate_body(16), clients=8, max_requests=10**7,
-                    seconds=600).start()
-
-    def starts(self) -> dict[str, int]:
-        return {n: i.starts for n, i in self.sup.instances.items()}
-
-    def stop(self):
-        if self.router:
-            self.router.stop()
-        self.sup.shutdown()
 
 
 @pytest.fixture
 def host(tmp_path):
     made = []
 
-    def make(n: int = 4, router: bool = True, **env) -> Host:
-        h = Host(tmp_path, n, **env).start(router)
-        made.append(h)
-        return h
+    def make(n: int = 4, router: bool = True, settings: dict | None = None, **env) -> Host:
+        h = Host(tmp_path, n, settings, **env)
+        made.append(h)  # stopped at the end even when its start fails half way
+        return h.start(router)
     yield make
     for h in made:
         h.stop()
@@ -118,7 +66,9 @@ def test_a_rollout_answers_every_request_and_restarting_all_at_once_does_not(hos
         rolled = load.stop()
     assert rc == 0, err
     assert [s["outcome"] for s in result["instances"]] == ["done"] * 4
-    assert all(s["canary"]["verdict"] == "identical" for s in result["instances"])
+    assert all(s["canary"]["verdict"] == "passed" for s in result["instances"])
+    assert all(s["canary"]["outputs"] == {"verdict": "identical"} for s in result["instances"])
+    assert h.state()["status"] == "done" and h.state()["left_out"] == {}
     assert failed(rolled) == [], failed(rolled)[:3]
     least = watch.least
     assert least >= 3 and result["min_in_rotation"] >= 3, (least, result)
@@ -168,7 +118,8 @@ def test_a_build_whose_preflight_fails_stops_at_the_first_instance(host):
     assert h.starts() == {"gpu0": 2, "gpu1": 1, "gpu2": 1, "gpu3": 1}  # the others untouched
     assert failed(outcomes) == []
     assert h.router.workers() == {u: True for u in h.urls[1:]}  # the failed one stays out
-    assert result["left_out"] == {"gpu0": first["error"]}
+    assert list(result["left_out"]) == ["gpu0"] and result["left_out"]["gpu0"].startswith(first["error"])
+    assert first["step"] == "restart" and h.state()["status"] == "failed"
     assert "rollout failed" in err and "--resume" in err
 
     # Until it is dealt with, a plain rollout refuses; fixed, --resume starts with it.
@@ -184,26 +135,28 @@ def test_a_build_whose_preflight_fails_stops_at_the_first_instance(host):
 
 
 @pytest.mark.parametrize("position", [0, 31])  # the first token, and the last of 32
-def test_outputs_that_diverge_are_reported_and_stop_it_when_identical_is_required(host, position):
+def test_outputs_that_diverge_stop_it_unless_the_change_is_expected(host, position):
     h = host(2)
-    settings = json.loads(h.files[0].read_text())
-    settings["environment"]["STANDIN_DIVERGE_FROM"] = str(position)
-    h.files[0].write_text(json.dumps(settings))  # the new build of gpu0 decodes differently
-    rc, result, err = h.rollout("--require-identical", "--only", "gpu0")
+    h.edit(0, environment={"STANDIN_DIVERGE_FROM": str(position)})  # the new build of gpu0 decodes differently
+    rc, result, err = h.rollout("--only", "gpu0")
     assert rc == ROLLOUT_STOPPED, err
     step = result["instances"][0]
-    assert step["canary"]["verdict"] == "differs"
-    assert step["canary"]["first_divergence"]["prompt"] == 0
-    assert step["canary"]["first_divergence"]["position"] == position
-    assert f"first differs at token {position}" in step["error"]
+    assert step["outcome"] == "failed" and step["step"] == "measure after", step
+    assert step["canary"]["verdict"] == "failed"
+    assert step["canary"]["outputs"]["first_divergence"]["prompt"] == 0
+    assert step["canary"]["outputs"]["first_divergence"]["position"] == position
+    assert f"first differs at token {position}" in step["error"] and "--canary-expect" in step["fix"]
     assert h.router.workers() == {h.urls[1]: True}
     assert h.starts() == {"gpu0": 2, "gpu1": 1}
+    assert h.state()["status"] == "failed" and list(h.state()["left_out"]) == ["gpu0"]
 
-    # Without --require-identical the same difference is a warning; the instance goes back in.
-    rc, result, err = h.rollout("--resume", "--only", "gpu0")
+    # Named as expected, the same difference passes with a note; judged against the reading from
+    # before the first restart (kept in the state), and the instance goes back in.
+    rc, result, err = h.rollout("--resume", "--only", "gpu0", "--canary-expect", "outputs")
     assert rc == 0, err
-    assert result["instances"][0]["canary"]["verdict"] == "differs"  # against the outputs before the first restart
-    assert "warning: canary output changed" in err
+    canary = result["instances"][0]["canary"]
+    assert canary["verdict"] == "passed" and canary["outputs"]["verdict"] == "differs", canary
+    assert "the reading from before its first restart" in err
     assert h.router.workers() == {u: True for u in h.urls}
 
 
@@ -295,6 +248,7 @@ def test_dry_run_restarts_nothing(host):
     rc, result, err = h.rollout("--dry-run")
     assert rc == 0, err
     assert result["dry_run"] and [r["name"] for r in result["instances"]] == ["gpu0", "gpu1"]
+    assert not (h.tmp / "state").exists()  # a dry run takes no lock and creates nothing
     assert h.starts() == {"gpu0": 1, "gpu1": 1}
 
 
@@ -346,9 +300,12 @@ def test_an_unreachable_router_and_a_wrong_admin_key_are_refused(host, tmp_path)
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--batch", "0"], "--batch 0 is out of range"),
+    (["--batch", "0"], "--max-unavailable 0 is out of range"),
     (["--ready-timeout", "-1"], "--ready-timeout -1.0 is out of range"),
-    (["--no-canary", "--require-identical"], "contradict each other"),
+    (["--healthy-for", "nan"], "--healthy-for nan is out of range"),
+    (["--canary-tokens", "1000000000"], "--canary-tokens 1000000000 is out of range"),
+    (["--require-identical"], "--require-identical is gone"),
+    (["--no-canary", "--canary-expect", "outputs"], "contradict each other"),
     (["--only", "gpu9"], "--only names no instance of this host: gpu9"),
     (["--restart-command", "true"], "--restart-command names no instance"),
     (["--restart-command", "'unbalanced"], "not a valid command line"),

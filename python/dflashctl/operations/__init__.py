@@ -3,8 +3,8 @@
 One instance's life (its settings, argv, unit and supervisor) is `dflashctl.service`; this package
 sits above it and never the other way round. It mirrors the NixOS module's concerns
 (nix/modules/). Entry points: `router.py` and `router_unit.py` (`dflashctl router`, `router-unit`; the router's
-admin API in `router_admin.py`), `rollout.py` (`dflashctl rollout`: `rollout_plan.py` decides,
-`canary.py` asks, `rollout_state.py` remembers), `status.py` (`dflashctl status`, sampled by
+admin API in `router_admin.py`), `rollout.py` (`dflashctl rollout`: `rollout_plan.py` decides, `rollout_machine.py` runs the steps,
+`canary.py` measures and judges, `rollout_state.py` remembers), `status.py` (`dflashctl status`, sampled by
 `status_collect.py`; a fleet's reports in `fleet_status.py`), `upgrade.py` (`dflashctl upgrade`: one host's
 step of a fleet upgrade, builds by `upgrade_build.py`) and `monitoring.py` (`dflashctl monitoring`, from
 `data/monitoring/`, every file held to what Prometheus takes by `promcheck.py`; a fleet's in

@@ -12,7 +12,7 @@ radix cache stay out of it). Each prompt's median over the repeats enters the fi
 one repeat does not move them. Its identity is /server_info's fields that name the model, the
 drafter and the stack (data/canary.json). canary_verdict.py judges two readings.
 
-The rollout engine's API (the one place it calls per instance):
+The rollout's API (operations/rollout_machine.py's steps "measure before" and "measure after"):
 
     canary.add_arguments(parser)                 # the rollout's canary flags (--canary-*, --no-canary)
     settings = canary.settings_of(args)          # CanarySettings; DflashError(CONFIG) for nonsense
@@ -30,8 +30,7 @@ taken before a restart in the rollout's state for `--resume`, `Reading.from_json
 (ValueError for what is not one). `extra_identity` adds what the caller knows of the definition
 (e.g. the stack's store path) to the identity's "stack" part.
 
-`ask`, `Answers` and `first_divergence` below are the comparison of outputs alone that rollout.py
-used before this API; they go once it calls `measure` and `judge`.
+`request`, `decodes` and `requests_in_flight` are the rollout's other questions to an instance.
 """
 
 import http.client
@@ -43,7 +42,6 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from dflashctl.errors import CONFIG, DflashError
-from dflashctl.operations import canary_verdict
 from dflashctl.operations.canary_verdict import (DATA, DEFAULTS, EXPECT, PARTS, CanarySettings, Divergence,
                                                  Reading, Verdict, finite, judge)
 
@@ -55,20 +53,6 @@ SEED = 20261201  # fixed: the canary asks the same questions on every host and e
 def prompts(count: int, length: int = 16) -> list[list[int]]:
     rng = random.Random(SEED)
     return [[rng.randrange(10, 1000) for _ in range(length)] for _ in range(count)]
-
-
-@dataclass(frozen=True)
-class Answers:
-    outputs: list[list[int]]  # generated ids, one list per prompt
-    accept_length: float | None  # mean over the prompts; None for a plain (non-speculative) instance
-    seconds: float
-
-    def to_json(self) -> dict:
-        return {"outputs": self.outputs, "accept_length": self.accept_length, "seconds": round(self.seconds, 3)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Answers":
-        return cls([list(map(int, o)) for o in d["outputs"]], d.get("accept_length"), float(d.get("seconds", 0)))
 
 
 def request(base_url: str, path: str, api_key: str | None, body: dict | None = None,
@@ -104,46 +88,6 @@ def requests_in_flight(base_url: str, api_key: str | None) -> int | None:
         return int(json.loads(body)["aggregate"]["total_reqs"])
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def ask(base_url: str, api_key: str | None, questions: list[list[int]], max_new_tokens: int,
-        timeout: float = 120.0) -> Answers:
-    """Every prompt once, greedy, exactly `max_new_tokens` tokens. DflashError on any failure."""
-    t0 = time.monotonic()
-    outputs, accepts = [], []
-    for i, ids in enumerate(questions):
-        body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens,
-                                                      "ignore_eos": True}}
-        status, raw = request(base_url, "/generate", api_key, body, timeout)
-        if status != 200:
-            raise DflashError(f"the canary's request {i} to {base_url}/generate failed",
-                              f"HTTP {status}: {raw[:300].decode(errors='replace')}" if status else
-                              raw.decode(errors="replace"),
-                              "read the instance's journal (`journalctl -u dflash-<name>`)")
-        try:
-            answer = json.loads(raw)
-            got = [int(t) for t in answer["output_ids"]]
-            meta = answer.get("meta_info") or {}
-        except (ValueError, KeyError, TypeError) as e:
-            raise DflashError(f"the canary's request {i} got an answer without output ids",
-                              f"{type(e).__name__}: {raw[:200].decode(errors='replace')}",
-                              "the instance must be SGLang's native /generate (a generation model)") from None
-        if len(got) != max_new_tokens:
-            raise DflashError(f"the canary's request {i} decoded {len(got)} tokens, not {max_new_tokens}",
-                              "ignore_eos was set, so every request must decode exactly that many",
-                              "read the instance's journal: its decode path is broken")
-        outputs.append(got)
-        if isinstance(meta.get("spec_accept_length"), (int, float)):
-            accepts.append(float(meta["spec_accept_length"]))
-    mean = round(sum(accepts) / len(accepts), 3) if accepts else None
-    return Answers(outputs, mean, time.monotonic() - t0)
-
-
-def first_divergence(before: Answers, after: Answers) -> Divergence | None:
-    found = canary_verdict.first_divergence(before.outputs, after.outputs)
-    if found is None and len(before.outputs) != len(after.outputs):
-        return Divergence(min(len(before.outputs), len(after.outputs)), 0, None, None)
-    return found
 
 
 # --- the settings: the rollout's flags -----------------------------------------------------------------

@@ -4,8 +4,10 @@ The host's instances are their settings files, found as status and monitoring fi
 (operations/instances.py: `--instance`, else every `/etc/dflash/*.json` and `/etc/dflash-instances.json`).
 Under systemd an instance needs a restart when its unit is not serving or when the running process
 was started from another definition of its unit than the current one (instance_control says how
-that is known); `--all` restarts every one. Instances a stopped rollout left out of the router go
-first (`--resume`), then those not serving, then the rest in the order given.
+that is known); without systemd each one, but those a rollout that did not finish already restarted
+onto the same settings; `--all` restarts every one. Instances a stopped rollout left out of the
+router go first (`--resume`), then those not serving (under systemd the unit's state, else their own
+/health_generate: restarting them costs no capacity), then the rest in the order given.
 """
 
 from dataclasses import dataclass
@@ -81,8 +83,11 @@ def freshness(cfg: InstanceConfig, control: Systemd) -> tuple[bool, str]:
 
 
 def make_plan(cfgs: list[InstanceConfig], control: Systemd | None, left_out: dict, *, only: list[str],
-              every: bool, resume: bool, batch: int) -> Plan:
-    """`left_out`: what the last rollout left out of rotation ({name: {"reason": ...}})."""
+              every: bool, resume: bool, batch: int, serving: dict[str, bool] | None = None,
+              done: dict | None = None) -> Plan:
+    """`left_out`: what the last rollout left out of rotation ({name: {"reason": ...}}); `serving`
+    (without systemd): which instances answer /health_generate; `done`: the instances a rollout that
+    did not finish restarted onto the definition they have now (not restarted again without --all)."""
     known = {c.name for c in cfgs}
     unknown = [n for n in only if n not in known]
     if unknown:
@@ -101,7 +106,12 @@ def make_plan(cfgs: list[InstanceConfig], control: Systemd | None, left_out: dic
             first.append(Target(c, f"left out by the last rollout: {left_out[c.name].get('reason', '?')}"))
             continue
         if control is None:
-            rest.append(Target(c, "restart (without systemd nothing tells whether it is out of date)"))
+            if serving is not None and not serving.get(c.name, True):
+                down.append(Target(c, "not serving (no answer to /health_generate)"))
+            elif c.name in (done or {}) and not every:
+                fresh.append((c.name, "restarted onto this definition by the rollout that did not finish"))
+            else:
+                rest.append(Target(c, "restart (without systemd nothing tells whether it is out of date)"))
             continue
         needs, why = freshness(c, control)
         if every and not needs:

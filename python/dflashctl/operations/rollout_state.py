@@ -1,9 +1,13 @@
 """What a rollout leaves for the next one: one rollout at a time, and what it left out of rotation.
 
 `<state dir>/lock` is held (flock) for a rollout's whole run, so a second one is refused at once and
-told which one runs. `<state dir>/state.json` (written atomically) says who holds the lock, which
-instance it is at, and which instances a stopped rollout left out of the router, with the reason
-and the canary outputs taken before their restart: `--resume` starts from those.
+told which one runs. `<state dir>/state.json` (written atomically) says who holds the lock, its
+status (running, then done, failed or interrupted: "running" after the process ended means it was
+killed), which instances it is at (`current`), each instance's outcome and step (`instances`),
+which instances it left out of the router (`left_out`: the reason, the step, and the canary's
+reading taken before their restart: `--resume` starts from those and judges against it), and which
+it restarted onto which settings (`done`, carried while a rollout has not finished, so that neither
+`--resume` nor a re-run restarts them again).
 """
 
 import errno

@@ -8,11 +8,15 @@ each host and stops on the first non-zero exit. In order:
    it has one) pointing at the new build, then `systemctl daemon-reload`; without systemd
    (`--restart-command`) move `<root>/current` to the new build, which the restart command starts;
 3. run `dflashctl rollout --json` (its own process: its canary, batches and state are its own; the
-   arguments after `--` go to it, e.g. `-- --require-identical`);
+   arguments after `--` go to it, e.g. `-- --canary-expect stack`);
 4. exit 0 only when the rollout restarted every instance onto the new build (or found it running
    it, under systemd: `rollout --dry-run` afterwards must find nothing to restart). Otherwise the
    rollout's exit code, after putting back the units it replaced (daemon-reload) and `current`, so
-   that an instance systemd or a supervisor restarts from now on gets the build the host serves.
+   that an instance systemd or a supervisor restarts from now on gets the build the host serves,
+   and then reverting (Nomad's auto_revert): the instances the rollout touched (left out of the
+   router, or already on the new build) are restarted on that build by `rollout --resume --all
+   --only` them (their canary judged) and put back, so the host ends at full capacity on the old
+   build (`reverted`).
 With `--json` the one JSON object holds the build, the rollout's own report and a one-line
 `summary` naming the host, the instance that stopped and the canary's figures. Without systemd a
 second run with the same build and settings restarts nothing (`changed: false`): the last upgrade's
@@ -163,18 +167,30 @@ def serving_other_versions(build: Build, cfgs) -> list[str]:
 
 def _figures(step: dict) -> str:
     canary = step.get("canary") or {}
+    if canary.get("summary"):  # the rollout's verdict in one line (figures before -> after)
+        return canary["summary"]
     flat = [f"{k}={v}" for k, v in canary.items() if isinstance(v, (int, float, str)) and v is not None]
     return ", ".join(flat) or "no canary figures"
 
 
-def summary(host: str, build: Build, code: int, report: dict | None, missing: list[str]) -> str:
+def _reverted(reverted: dict | None) -> str:
+    if not reverted:
+        return ""
+    if reverted["ok"]:
+        return f"; reverted {', '.join(reverted['instances'])} to the build still serving (back in rotation)"
+    return (f"; reverting {', '.join(reverted['instances'])} failed (exit {reverted['exit_code']}): still out of "
+            f"the router: {', '.join(reverted['left_out']) or 'none'}")
+
+
+def summary(host: str, build: Build, code: int, report: dict | None, missing: list[str],
+            reverted: dict | None = None) -> str:
     if code == OK:
         return f"{host}: serving build {build.id} on every instance"
     steps = (report or {}).get("instances", [])
     failed = next((s for s in steps if s.get("outcome") == "failed"), None)
     if failed is not None:
         return (f"{host}: upgrade to build {build.id} stopped at instance {failed.get('name')}: "
-                f"{failed.get('error')}; canary: {_figures(failed)}")
+                f"{failed.get('error')}; canary: {_figures(failed)}{_reverted(reverted)}")
     if missing:
         return f"{host}: build {build.id} rolled out, but not every instance runs it: {', '.join(missing)}"
     err = ((report or {}).get("error") or {}).get("what")
@@ -210,7 +226,7 @@ def register(subparsers) -> None:
                    "name; the Ansible role passes the inventory's)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     p.add_argument("rollout_args", nargs=argparse.REMAINDER, metavar="-- ROLLOUT-ARGS",
-                   help="after --: options for `dflashctl rollout` (e.g. --require-identical, --batch 2)")
+                   help="after --: options for `dflashctl rollout` (e.g. --canary-expect stack, --max-unavailable 2)")
     p.set_defaults(func=run)
 
 
@@ -220,7 +236,7 @@ def check_args(args) -> list[str]:
         extra = extra[1:]
     elif extra:
         raise DflashError(f"unexpected argument {extra[0]!r}", "options for the rollout come after `--`",
-                          "write e.g. `dflashctl upgrade ... -- --require-identical`", USAGE)
+                          "write e.g. `dflashctl upgrade ... -- --canary-expect stack`", USAGE)
     owned = [a for a in extra if a.split("=", 1)[0] in OWNED]
     if "--json" in extra:
         args.json = True  # asked for JSON, in the wrong place: the refusal comes as JSON too
@@ -288,15 +304,36 @@ def roll(args, build: Build, extra: list[str], systemd: bool, units_dir: Path, c
         missing += serving_other_versions(build, cfgs)
     if code == OK and missing:
         code = FAILED
+    reverted = None
     if code != OK:
         restore_units(before)
         if systemd and before:
             daemon_reload()
         point_current(root, previous)
+        reverted = revert(build, args, extra, env, report)
     changed = report is None or any(s.get("outcome") != "not reached" for s in report.get("instances", []))
     write_state(args.state_dir, {"build": build.id, "status": "done" if code == OK else "failed",
                                  "settings": settings, "previous_build": previous, "time": time.time()})
-    return finish(args, build, code, {"changed": changed, "previous_build": previous}, report, missing, t0, None)
+    return finish(args, build, code, {"changed": changed, "previous_build": previous, "reverted": reverted},
+                  report, missing, t0, None)
+
+
+def revert(build: Build, args, extra: list[str], env: dict, report: dict | None) -> dict | None:
+    """Nomad's auto_revert: every instance the stopped rollout touched (left out of the router, or
+    already restarted onto the new build) is restarted on the build still serving (its units and
+    `current` are back) by `rollout --resume --all --only` them, its canary judged, and put back.
+    None: the rollout touched nothing."""
+    steps = (report or {}).get("instances") or []
+    touched = sorted({s.get("name") for s in steps if s.get("outcome") not in (None, "not reached")}
+                     | set((report or {}).get("left_out") or {}))
+    if not touched:
+        return None
+    say(f"reverting {', '.join(touched)} to the build still serving")
+    argv = rollout_argv(build, args, ["--resume", "--all", *[a for n in touched for a in ("--only", n)],
+                                      *[a for a in extra if a not in ("--resume", "--all")]])
+    code, back = run_rollout(argv, env)
+    return {"instances": touched, "ok": code == OK, "exit_code": code,
+            "left_out": sorted(((back or {}).get("left_out") or {})) if back else touched}
 
 
 def write_state(directory: Path, state: dict) -> None:
@@ -311,7 +348,7 @@ def write_state(directory: Path, state: dict) -> None:
 def finish(args, build: Build, code: int, facts: dict, report: dict | None, missing: list[str], t0: float,
            note: str | None) -> int:
     host = args.host_name or socket.gethostname()
-    line = note or summary(host, build, code, report, missing)
+    line = note or summary(host, build, code, report, missing, facts.get("reverted"))
     out = {"ok": code == OK, "exit_code": code, "host": host, "build": build.to_json(), **facts,
            "seconds": round(time.monotonic() - t0, 1), "summary": line, "rollout": report,
            "not_on_new_build": missing}
