@@ -103,7 +103,8 @@ if want death; then
     stamp "death: skipped, ${limit}s left"
   else
     s=$(ms)
-    kernels=(); [ -f "$K/index.json" ] && kernels=(DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1)
+    kernels=(); [ -f "$K/index.json" ] && [ -f "$K/flashinfer-aot/dflash-prebuilt.json" ] \
+      && kernels=(DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1)
     env "${kernels[@]}" timeout --signal=INT --kill-after=20 "$limit" $PY benchmarks/gpu/faststart_death.py \
       --out "$OUT" --fast-start --python "$(command -v $PY)" >"$OUT/death.txt" 2>&1
     stamp "death: exit $? after $(secs_since "$s")s: $(tail -n1 "$OUT/death.txt" | cut -c1-400)"
@@ -112,11 +113,15 @@ if want death; then
   fi
 fi
 
-# 5. fresh default smokes
+# 5. fresh default smokes: with the prebuilt kernels only where their build finished (flashinfer's
+# record there too), else JIT allowed; FLASHINFER_DISABLE_JIT over a partial build fails every capture
 want smokes || RUNS=""
+kernels=(); [ -f "$K/index.json" ] && [ -f "$K/flashinfer-aot/dflash-prebuilt.json" ] \
+  && kernels=(DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1)
+stamp "smokes: ${kernels[*]:-no prebuilt kernels, JIT compiles at each fresh start}"
 for label in $RUNS; do
   flag=(--no-fast-start); [ "${label#on}" != "$label" ] && flag=(--fast-start)
-  fresh_smoke "$label" DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1 -- "${flag[@]}" "$@"
+  fresh_smoke "$label" "${kernels[@]}" -- "${flag[@]}" "$@"
   cat "$RUNS_DIR/$label"/logs/*.log 2>/dev/null | grep -ho '\[dflash faststart\].*' | sed 's/(pid [0-9]*)//' \
     | sort | uniq -c | cut -c1-300 | sed 's/^/    /' >>"$summary"
 done

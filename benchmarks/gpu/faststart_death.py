@@ -69,10 +69,19 @@ def pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def scheduler_pid(group: int, work: Path) -> int | None:
-    for pid in pids():
-        st = stat(pid)
-        if st and st[1] == group and "sglang::scheduler" in cmdline(pid):
+def descendants(root: int) -> set[int]:
+    """Every process below root (by parent pid): SGLang's children need not share its process group."""
+    parent = {p: (stat(p) or (0, 0))[0] for p in pids()}
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def scheduler_pid(server: int, work: Path) -> int | None:
+    for pid in descendants(server):
+        if "sglang::scheduler" in cmdline(pid):
             return pid
     pidfile = work / "pids.json"
     return json.loads(pidfile.read_text())["scheduler"] if pidfile.exists() else None
@@ -112,12 +121,12 @@ def main() -> int:
         result["error"] = f"serve not ready (exit {serve.poll()})"
     else:
         server = next(p for p in pids() if (stat(p) or (0, 0))[0] == serve.pid and (stat(p) or (0, 0))[1] == p)
-        before = {p: cmdline(p) for p in pids() if (stat(p) or (0, 0))[1] == server}
+        before = {p: cmdline(p) for p in {server} | descendants(server)}
         victim = scheduler_pid(server, work)
         result.update(server=server, processes_before=len(before), scheduler=victim)
         if victim is None:
             serve.send_signal(signal.SIGTERM)
-            result["error"] = "no scheduler found in the instance's process group"
+            result["error"] = "no scheduler (process title sglang::scheduler) below the instance's server"
         else:
             killed = time.monotonic()
             os.kill(victim, signal.SIGKILL)

@@ -10,10 +10,12 @@ an error object when it fails.
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from dflashctl import __version__, output
-from dflashctl.errors import INTERRUPTED, USAGE, DflashError
+from dflashctl.errors import INTERRUPTED, USAGE, DflashError, Terminated
 
 # subcommand -> module; imported lazily so one broken module cannot break the others.
 COMMANDS = {
@@ -23,7 +25,7 @@ COMMANDS = {
     "doctor": "dflashctl.host.doctor",
     "diff": "dflashctl.host.fingerprint_diff",
     "kernels": "dflashctl.host.kernels",
-    "validate": "dflashctl.service.validate",
+    "validate": "dflashctl.operations.validate_files",
     "serve": "dflashctl.service.serve",
     "unit": "dflashctl.service.unit",
     "router": "dflashctl.operations.router",
@@ -84,12 +86,37 @@ def _fail(who: str, e: DflashError, args) -> int:
     return e.exit_code
 
 
+# SIGTERM keeps its default for: a unit's main process without --json (serve, which stops SGLang on
+# its own handler, and router); upgrade, whose `rollout` child must finish its step (subprocess.run
+# would SIGKILL it on the way out; upgrade does not forward the signal yet).
+SIGTERM_AS_IS = {"serve", "router", "upgrade"}
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def interruption(command: str | None, signal_name: str) -> DflashError:
+    again = f"dflashctl {command}" if command else "the command"
+    return DflashError("interrupted", f"by {signal_name} before it finished",
+                       f"run `{again}` again when wanted: what it writes is written whole or not at all, "
+                       "so nothing half-done was left", INTERRUPTED)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     output.reset()
     command = next((a for a in argv if a in COMMANDS), None)
     who = f"dflashctl {command}" if command else "dflashctl"
     args = None
+    # Only where nobody chose otherwise (rollout and smoke set their own handlers inside), only in
+    # the main thread (the one Python runs handlers in), not for SIGTERM_AS_IS (systemd counts death
+    # by SIGTERM as a clean stop, an exit 130 as a failed unit).
+    own_sigterm = (command not in SIGTERM_AS_IS and threading.current_thread() is threading.main_thread()
+                   and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+    held = {}
+    if own_sigterm:
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         args = build_parser(argv).parse_args(argv)
         return int(args.func(args) or 0)
@@ -100,6 +127,15 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(u.prog, e, args)
     except DflashError as e:
         return _fail(who, e, args)
-    except KeyboardInterrupt:
-        print(f"{who}: interrupted", file=sys.stderr)
-        return INTERRUPTED
+    except (KeyboardInterrupt, Terminated) as stop:
+        if own_sigterm:  # a second Ctrl-C must not cut the report short with a traceback
+            held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+        name = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT (Ctrl-C)"
+        if args is None and "--json" in argv and command != "smoke":  # stopped while it started up
+            args = argparse.Namespace(json=True)
+        return _fail(who, interruption(command, name), args)
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
+        if own_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -15,7 +15,7 @@ ROLLOUT_STOPPED = 7  # rollout: a step failed or was interrupted; the instances 
 INPUT = 66  # EX_NOINPUT: an input file (lock, spec, fingerprint) cannot be read or is not one
 OUTPUT = 73  # EX_CANTCREAT: an output file cannot be written (nothing was written: output.py)
 ROLLOUT_BUSY = 75  # EX_TEMPFAIL: another rollout holds this host's rollout lock
-INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), or SIGTERM where the command has no handler of its own (cli.py)
 
 # Failures that repeat identically on every start: systemd must not restart them
 # (listed in RestartPreventExitStatus in python/dflashctl/service/data/service-unit.json; a test keeps both in step).
@@ -61,3 +61,10 @@ class DflashError(Exception):
         if self.fix:
             text += f"\n  fix: {self.fix}"
         return text
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is (cli.main's handler; Ctrl-C raises KeyboardInterrupt the
+    same way), so that it ends as an interruption: `finally` blocks run (children stopped, temporary
+    files removed) and `--json` still prints its one object. A BaseException, as KeyboardInterrupt
+    is, so that no `except Exception` swallows it."""

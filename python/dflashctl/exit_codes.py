@@ -38,7 +38,7 @@ MEANING = {
     e.SERVER_STALLED: "SGLang's start made no progress for stallTimeoutSec (restarted)",
     e.SERVER_GPU_FAILED: "the GPU watch saw the instance's GPU fail while serving; SGLang was stopped "
                          "(restarted)",
-    e.INTERRUPTED: "interrupted (Ctrl-C)",
+    e.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)",
 }
 
 COMMON = (e.OK, e.USAGE, e.INTERRUPTED)  # every command
@@ -65,7 +65,9 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
                 e.CONFIG: "an argument (arch, model config, recording, environment) is refused",
                 e.INPUT: "status: the directory holds no index of `kernels build`",
                 e.OUTPUT: None},
-    "validate": {e.CONFIG: None, e.PREFLIGHT_MODEL_PAIR: "--models: the model pair does not fit"},
+    "validate": {e.CONFIG: None, e.PREFLIGHT_MODEL_PAIR: "--models: the model pair does not fit",
+                 e.PREFLIGHT_MODEL_MISSING: "--models: a hub model is not in the cache, so it was not checked "
+                                            "(--skip-unfetched accepts that)"},
     "serve": {e.CONFIG: None, **{c: None for c in PREFLIGHT}, e.SERVER_DIED_BEFORE_READY: None,
               e.SERVER_DIED_AFTER_READY: None, e.SERVER_START_TIMEOUT: None, e.SERVER_STALLED: None,
               e.SERVER_GPU_FAILED: None, e.OUTPUT: "--log-file cannot be written"},

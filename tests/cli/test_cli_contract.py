@@ -5,7 +5,10 @@ For every case: the exit code is in the command's row of exit_codes.py (and not 
 in stdout or stderr; the last lines of stderr name what failed (`dflashctl CMD: ...`) and a fix
 (`  fix: ...`); no file in the test's world is created, changed or removed (a row may name an
 output a failure writes on purpose: smoke's --json result); no network connection is attempted;
-with --json, stdout is exactly one JSON object, the error with the exit code in it. The corpus is
+with --json, stdout is exactly one JSON object, the error with the exit code in it. A case the
+corpus names in its row's `exit` must end with that very code (the cause named right); a row's
+`good` cases must succeed under the same watch (no traceback, no network, nothing written outside
+the output directory). The corpus is
 run in-process through dflashctl.cli.main (milliseconds a case); a sample runs as a subprocess too,
 to prove the two agree, and the full-file-system cases (RLIMIT_FSIZE) run only that way.
 """
@@ -186,6 +189,9 @@ def world(tmp_path):
     kernels_dir.mkdir()
     (kernels_dir / "index.json").write_text(json.dumps({"format": 1, "built": {"9.0": []}, "archs": ["9.0"]}))
     router_full = {"workers": ["http://127.0.0.1:30000"], "instanceUnits": ["dflash-a.service"]}
+    python_bare = w / "python-bare"  # a real Python 3, blind to site-packages: no sglang_router there
+    python_bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    python_bare.chmod(0o755)
     values = {
         "world": str(w), "out": str(w / "out"), "dir": str(w / "dir"), "repo": str(REPO),
         "python": sys.executable, "visible_exe": shutil.which("true"),
@@ -202,6 +208,8 @@ def world(tmp_path):
         "fingerprint": str(shutil.copy(REPO / "docs" / "gpu" / "fingerprint-good.json", w / "fp.json")),
         "router_settings": _write_json(w / "router-given.json", {}),
         "router_full": _write_json(w / "router.json", router_full),
+        "router_bad": _write_json(w / "router-bad.json", {**router_full, "port": 30000}),
+        "python_bare": str(python_bare),
         "model_config": _write_json(w / "config.json", {"num_attention_heads": 16, "head_dim": 64,
                                                          "num_key_value_heads": 8, "hidden_size": 1024}),
         "record": str(w / "record.jsonl"), "key": str(w / "key"), "kernels_dir": str(kernels_dir),
@@ -381,6 +389,8 @@ def test_bad_input_keeps_the_contract(row_name, case, world, capsys, monkeypatch
         assert "Traceback" not in out + err, err
         return
     check_failure(command_of(row_name), rc, out, err, case["id"])
+    expected = row.get("exit", {}).get(case["id"])
+    assert expected is None or rc == expected, f"{case['id']}: exit {rc}, not {expected}: the cause named wrong?\n{err}"
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
     allowed = {str(Path(argv[_at(argv, a)]).relative_to(w)) for a in row.get("writes_on_failure", [])
                if a in argv and argv[_at(argv, a)].startswith(str(w))}
@@ -390,6 +400,33 @@ def test_bad_input_keeps_the_contract(row_name, case, world, capsys, monkeypatch
         assert rc2 == rc, (case["id"], err2)
         check_json(rc2, out2, case["id"])
         assert snapshot(w) == after
+
+
+GOOD = [(name, case_id, argv) for name, row in CORPUS.items() for case_id, argv in row.get("good", {}).items()]
+
+
+@pytest.mark.parametrize("row_name,case_id,argv", GOOD, ids=[f"{n}:{c}" for n, c, _ in GOOD])
+def test_good_input_succeeds(row_name, case_id, argv, world, capsys, monkeypatch, no_network):
+    w, values, bad = world
+    monkeypatch.chdir(w)
+    argv = fill(argv, values, bad)
+    before = snapshot(w)
+    rc, out, err = run_in_process(argv, capsys)
+    assert rc == errors.OK, f"{case_id}: exit {rc}\n{err}"
+    assert "Traceback" not in out + err and not no_network, err
+    changed = {k for k in set(before) | set(snapshot(w)) if before.get(k) != snapshot(w).get(k)}
+    assert all(c.startswith("out/") for c in changed), f"{case_id}: wrote outside out/: {sorted(changed)}"
+    if CORPUS[row_name].get("json"):
+        rc2, out2, err2 = run_in_process(argv + ["--json"], capsys)
+        assert rc2 == errors.OK, err2
+        obj = json.loads(out2)
+        assert isinstance(obj, dict) and obj.get("ok", True) is True, obj
+
+
+def test_every_exit_names_a_case_of_its_row():
+    for name, row in CORPUS.items():
+        unknown = set(row.get("exit", {})) - set(row.get("bad", {}))
+        assert not unknown, f"{name}: exit names cases that are not in bad: {sorted(unknown)}"
 
 
 def test_every_command_has_a_row_and_enough_cases():

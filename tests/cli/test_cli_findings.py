@@ -64,17 +64,28 @@ def test_a_relative_config_path_is_refused(tmp_path, capsys):
     assert rc == errors.CONFIG and "must be an absolute path" in err
 
 
-def test_a_venv_whose_python_leads_into_a_hidden_directory_is_refused(tmp_path, capsys):
+def test_a_venv_whose_python_leads_into_a_hidden_directory_is_refused(tmp_path, capsys, monkeypatch):
     """The venv in /opt is fine, but its python links to an interpreter the sandbox hides (pyenv in
-    /root, here a directory under /tmp): the script's #! line is followed too."""
+    /root): the script's #! line is followed too. Here one directory of the test plays the hidden
+    one and the rest of it /opt, wherever TMPDIR is (a TMPDIR under /tmp would hide the venv itself)."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    interpreter = hidden / "python3.12"  # a file, not a link: where the links end
+    interpreter.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    interpreter.chmod(0o755)
     venv = tmp_path / "venv" / "bin"
     venv.mkdir(parents=True)
-    (venv / "python").symlink_to(sys.executable)
+    (venv / "python").symlink_to(interpreter)
     script = venv / "dflashctl"
     script.write_text(f"#!{venv / 'python'}\nimport sys\n")
     script.chmod(0o755)
-    rc, _, err = main(capsys, "unit", "--config", settings_file(tmp_path, SETTINGS), "--dflashctl", script)
-    assert rc == errors.CONFIG and "is hidden from the service by PrivateTmp=true" in err
+    data = unit_text.unit_data()
+    monkeypatch.setattr(unit_text, "unit_data", lambda: {**data, "hidden": {str(hidden): "PrivateTmp=true"}})
+    rc, _, err = main(capsys, "unit", "--config", settings_file(tmp_path, SETTINGS), "--dflashctl", script,
+                      "--python", TRUE)
+    assert rc == errors.CONFIG, err
+    assert f"its #! line runs {venv / 'python'}, and it leads to {interpreter}" in err
+    assert f"{interpreter} is hidden from the service by PrivateTmp=true" in err
 
 
 def test_a_hidden_path_that_leads_into_the_store_is_named_by_its_store_path(tmp_path, capsys, monkeypatch):

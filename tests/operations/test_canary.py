@@ -291,3 +291,50 @@ def test_what_is_not_a_number_is_argparse_s_usage_error():
     with pytest.raises(SystemExit) as e:
         parse("--canary-min-speed-ratio", "fast")
     assert e.value.code == 2
+
+
+def test_only_a_decode_speed_below_the_bar_counts_as_failed_only_on_speed():
+    before = reading()
+    assert judge(before, reading(tps=700.0), S).failed_only_on_speed
+    assert not judge(before, reading(tps=900.0), S).failed_only_on_speed  # passed
+    assert not judge(before, reading(accept=1.0, tps=700.0), S).failed_only_on_speed  # acceptance too
+    assert not judge(before, reading(tps=700.0, errors=["HTTP 500"]), S).failed_only_on_speed
+    relaxed = canary.CanarySettings(**{**S.__dict__, "expect_change": frozenset({"speed"})})
+    assert not judge(before, reading(tps=100.0), relaxed).failed_only_on_speed  # not judged
+
+
+class _Host:
+    """What Rollout.judge_after reads of the rollout: its options."""
+    def __init__(self):
+        from dflashctl.operations.rollout_machine import Options
+        self.opts = Options(canary=S)
+
+
+@pytest.mark.parametrize("speeds, ok, rechecks", [
+    ([700.0, 950.0], True, 1),          # a moment of contention: the second reading passes
+    ([700.0, 650.0, 760.0], False, 2),  # slower every time: fails, with the best of the three
+    ([100.0, 100.0, 100.0], False, 2),
+    ([990.0], True, 0),                 # passed at once: read once
+])
+def test_a_speed_only_failure_is_read_again_and_the_best_reading_counts(monkeypatch, speeds, ok, rechecks):
+    from types import SimpleNamespace
+
+    from dflashctl.operations import rollout_machine
+    readings = iter(reading(tps=x) for x in speeds)
+    monkeypatch.setattr(rollout_machine.canary, "measure", lambda *a, **k: next(readings))
+    target = SimpleNamespace(name="gpu0", cfg=SimpleNamespace(base_url="http://127.0.0.1:1"))
+    verdict, n = rollout_machine.Rollout.judge_after(_Host(), target, None, reading())
+    assert (verdict.ok, n) == (ok, rechecks)
+    assert verdict.speed["after"] == pytest.approx(max(speeds[:rechecks + 1]))
+    assert next(readings, None) is None  # no reading more than needed
+
+
+def test_an_acceptance_drop_is_not_read_again(monkeypatch):
+    from types import SimpleNamespace
+
+    from dflashctl.operations import rollout_machine
+    calls = []
+    monkeypatch.setattr(rollout_machine.canary, "measure", lambda *a, **k: calls.append(1) or reading(accept=1.0, tps=60.0))
+    target = SimpleNamespace(name="gpu0", cfg=SimpleNamespace(base_url="http://127.0.0.1:1"))
+    verdict, n = rollout_machine.Rollout.judge_after(_Host(), target, None, reading())
+    assert not verdict.ok and n == 0 and len(calls) == 1

@@ -401,9 +401,24 @@ def test_a_router_environment_that_cannot_run_is_a_config_error(tmp_path, capsys
     f.write_text(json.dumps({"workers": W}))
     assert cli.main(["router", "--config", str(f), "--python", str(tmp_path / "no-python")]) == errors.CONFIG
     err = capsys.readouterr().err
-    assert f"dflashctl router: http://127.0.0.1:30080 in front of 1 worker(s): {W[0]}" in err
-    assert f"cannot start the router with {tmp_path / 'no-python'}" in err
-    assert "pass --python the router environment's interpreter (sglang-router 0.3.2 installed" in err
+    assert "in front of" not in err  # refused before it says it starts
+    assert f"--python {tmp_path / 'no-python'} cannot run the router: {tmp_path / 'no-python'} does not exist" in err
+    assert "pass --python the router environment's interpreter, which has sglang-router 0.3.2" in err
+
+
+def test_an_interpreter_without_sglang_router_is_refused_before_the_start(tmp_path, capsys):
+    """dflashctl's own venv (the default --python) has no sglang_router: Python's "Error while
+    finding module specification" was all the journal said. Here a real Python 3 without site-packages."""
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    python.chmod(0o755)
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"workers": W}))
+    assert cli.main(["router", "--config", str(f), "--python", str(python)]) == errors.CONFIG
+    err = capsys.readouterr().err
+    assert f"--python {python} cannot run the router: {python} (Python 3." in err and "has no sglang_router" in err
+    fix = err.splitlines()[-1]
+    assert fix.startswith("  fix: pass --python the router environment's interpreter") and "router-lock.json" in fix
 
 
 URLS = ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
@@ -426,6 +441,7 @@ def test_the_command_starts_the_router_with_both_keys_and_says_so(tmp_path, caps
         ran.append((path, argv))
         raise OSError("exec format error")
     monkeypatch.setattr(router.os, "execv", execv)
+    monkeypatch.setattr(router, "check_python", lambda python: None)  # /env/bin/python is not here
     assert cli.main(["router", "--config", str(keyed_settings(tmp_path)), "--python", "/env/bin/python"]) == errors.CONFIG
     [(path, argv)] = ran
     assert path == "/env/bin/python" and argv[:3] == ["/env/bin/python", "-m", "sglang_router.launch_router"]
@@ -499,7 +515,7 @@ def test_the_router_commands_options():
     assert sub.epilog.splitlines() == [  # docs/cli.md's rows for the command
         "exit codes (docs/cli.md):", "    0  success", "    1  --sync: the running router refused a change",
         "    2  bad arguments (argparse, or options that do not go together)",
-        "   78  the settings are invalid or unreadable (not restarted by systemd)", "  130  interrupted (Ctrl-C)"]
+        "   78  the settings are invalid or unreadable (not restarted by systemd)", "  130  interrupted (Ctrl-C or SIGTERM)"]
 
 
 def test_each_key_names_its_setting_when_it_cannot_be_read():

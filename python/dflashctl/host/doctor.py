@@ -35,8 +35,9 @@ def register(subparsers) -> None:
                    help=f"also save NVML's answers (GPU memory, utilization, processes) as a recording "
                         f"that {gpus.REPLAY_ENV}=FILE replays")
     p.add_argument("--expect-gpus", type=positive_int, metavar="N",
-                   help="the number of GPUs this host has: a GPU NVML no longer counts (fallen off the bus "
-                        "after a driver reload) fails its health check")
+                   help="the number of GPUs this host has: fewer seen fails (a GPU NVML no longer counts, "
+                        "fallen off the bus after a driver reload, fails its health check; none at all, "
+                        "NVML not answering, fails `gpu-count`)")
     p.add_argument("--kernels", metavar="DIR", default=os.environ.get(kernels.PREBUILT_ENV),
                    help=f"prebuilt kernel directory to check against this GPU (default ${kernels.PREBUILT_ENV})")
     p.add_argument("--model-config", action="append", default=[], metavar="PATH",

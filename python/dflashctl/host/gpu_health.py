@@ -274,9 +274,15 @@ def not_read(name: str, result: dict) -> probes.Check:
 
 def doctor_checks(result: dict, expected: int | None = None) -> list[probes.Check]:
     """doctor: one check per GPU, `gpu-health:N`; with `expected`, GPUs NVML does not count fail too.
-    Without NVML's answers none: doctor's `gpus` check already says they were not read."""
+    Without NVML's answers none (doctor's `gpus` check already says they were not read), unless GPUs
+    are expected: then not one of them is seen, and that fails (`gpu-count`), a warning would not."""
     if not result.get("ok"):
-        return []
+        if not expected:
+            return []
+        return [probes.fail("gpu-count", f"--expect-gpus {expected}, but no GPU is seen: NVML gave no answers "
+                            f"({probes.failure_text(result)})",
+                            "see the driver check; then `nvidia-smi -L` should list the host's GPUs",
+                            errors.PREFLIGHT_DRIVER, **probes.evidence(result))]
     snapshot = result["facts"]
     counted = sorted(g["index"] for g in [*snapshot.get("gpus", []), *snapshot.get("unanswered", [])])
     indices = sorted(set(counted) | set(range(expected or 0)))

@@ -15,8 +15,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -79,8 +80,41 @@ def fail(name, summary, fix, code, **details) -> Check:
 
 # ---------------------------------------------------------------------------------------- runner
 
+class Children:
+    """The probe children one `run_probes` started and that still run (each leads its own process
+    group), so that an interruption kills them all, those starting at that moment included."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.pids: set[int] = set()
+        self.stopped = False
+
+    def add(self, pid: int) -> None:
+        with self.lock:
+            self.pids.add(pid)
+            if self.stopped:
+                _kill_group(pid)
+
+    def discard(self, pid: int) -> None:
+        with self.lock:
+            self.pids.discard(pid)
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped = True
+            for pid in self.pids:
+                _kill_group(pid)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass  # already gone
+
+
 def run_probe(python: str, probe: str, arg: str = "", timeout: float = 20.0, env: dict | None = None,
-              background: bool = False) -> dict:
+              background: bool = False, children: Children | None = None) -> dict:
     """Run one probe in a child of `python` (with `env`, default ours: driver discovery puts the
     driver's link directory on its LD_LIBRARY_PATH); always returns a result, whatever the child did.
     `background`: the child gets the CPU only when others leave it (deprioritise)."""
@@ -96,6 +130,8 @@ def run_probe(python: str, probe: str, arg: str = "", timeout: float = 20.0, env
         return result
     if background:
         deprioritise(child.pid)
+    children = children or Children()
+    children.add(child.pid)
     try:
         out, err = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -103,6 +139,8 @@ def run_probe(python: str, probe: str, arg: str = "", timeout: float = 20.0, env
         out, err = child.communicate()
         result["error"] = f"timed out after {timeout:g} s (killed)"
         result["timed_out"] = True
+    finally:
+        children.discard(child.pid)
     result["seconds"] = round(time.monotonic() - started, 2)
     result["returncode"] = child.returncode
     tail = err.decode(errors="replace").strip().splitlines()[-STDERR_TAIL_LINES:]
@@ -173,12 +211,35 @@ def probe_slots(count: int, memory: int | None) -> int:
 
 def run_probes(python: str, wanted: dict[str, tuple[str, str]], timeout: float = 20.0,
                env: dict | None = None, background: bool = False) -> dict[str, dict]:
-    """Run probes all at once (as memory allows): {key: (probe, arg)} -> {key: result}."""
+    """Run probes all at once (as memory allows): {key: (probe, arg)} -> {key: result}. Interrupted
+    (Ctrl-C, SIGTERM), the probes still running are killed: each leads its own session, so nothing
+    else would stop them, and the pool would wait for them before the interruption is reported."""
     workers = probe_slots(len(wanted), available_memory())
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {key: pool.submit(run_probe, python, probe, arg, timeout, env, background)
+    pool, children = ThreadPoolExecutor(max_workers=workers), Children()
+    try:
+        futures = {key: pool.submit(run_probe, python, probe, arg, timeout, env, background, children)
                    for key, (probe, arg) in wanted.items()}
+        wait_awake(futures.values())
         return {key: f.result() for key, f in futures.items()}
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        children.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def wait_awake(futures) -> None:
+    """Wait until every future is done, waking the main thread every fraction of a second. The kernel
+    may hand SIGINT/SIGTERM to any thread, and Python runs the handler (the KeyboardInterrupt, cli's
+    Terminated) only once the main thread wakes: a bare `result()` could sleep through it until the
+    slowest worker ends."""
+    pending = set(futures)
+    while pending:
+        _, pending = wait(pending, timeout=WAKE_S)
+
+
+WAKE_S = 0.2
 
 
 # Lines of a long error that name the cause, best first: the dynamic loader's own words.

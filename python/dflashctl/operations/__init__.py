@@ -9,4 +9,6 @@ admin API in `router_admin.py`), `rollout.py` (`dflashctl rollout`: `rollout_pla
 step of a fleet upgrade, builds by `upgrade_build.py`) and `monitoring.py` (`dflashctl monitoring`, from
 `data/monitoring/`, every file held to what Prometheus takes by `promcheck.py`; a fleet's in
 `fleet_monitoring.py`). `instances.py` finds the host's instances, one way for all three.
+`validate_files.py` is `dflashctl validate` (instance settings by service/validate.py, router
+settings by router.py's rules).
 """

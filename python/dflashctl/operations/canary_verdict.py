@@ -155,6 +155,14 @@ class Verdict:
         return "failed" if not self.ok else "passed" if self.compared else "not compared"
 
     @property
+    def failed_only_on_speed(self) -> bool:
+        """Nothing but the decode speed held it back: the one figure a busy GPU moves (a reading again
+        may tell a slower build from a moment of contention)."""
+        s = self.speed
+        return (not self.ok and self.compared and len(self.reasons) == 1 and bool(s.get("judged"))
+                and s.get("ratio") is not None and s["ratio"] < s["min_ratio"])
+
+    @property
     def what(self) -> str:
         """One sentence for a failed step: every reason."""
         return "the canary failed: " + "; ".join(self.reasons) if self.reasons else f"the canary {self.word}"

@@ -38,6 +38,9 @@ PROGRESS_EVERY_S = 5.0
 STEPS = ("take out", "drain", "measure before", "restart", "ready", "measure after", "put back", "hold")
 ROUTER_LISTS_S = 10.0  # the router's admin API works in the background: how long a change may take to show
 ADMIT_S = 60.0  # how long the router may take to route to an instance put back (its health check)
+# A decode speed below the bar, with nothing else wrong, is read again (the best reading counts): on
+# the H200 an identical build read 0.78x once while the GPU's other instance served the host's load.
+SPEED_RECHECKS = 2
 
 
 @dataclass
@@ -425,9 +428,8 @@ class Rollout:
         if not self.opts.canary.enabled:
             step.canary = {"verdict": "skipped (--no-canary)"}
             return
-        after = canary.measure(t.cfg.base_url, api_key, self.opts.canary, lambda text: say(f"{t.name}: {text}"))
-        verdict = canary.judge(step.before, after, self.opts.canary)
-        step.canary = {**verdict.to_json(), "summary": verdict.summary()}
+        verdict, rechecks = self.judge_after(t, api_key, step.before)
+        step.canary = {**verdict.to_json(), "summary": verdict.summary(), "speed_rechecks": rechecks}
         say(f"{t.name}: canary {verdict.summary()}")
         for note in verdict.notes:
             say(f"{t.name}: canary note: {note}")
@@ -435,6 +437,23 @@ class Rollout:
             raise StepFailed(f"{t.name}: {verdict.what}", f"{verdict.fix}; it stays out of the router (the "
                              "instances not reached keep the old build); after a rollback or a fix, "
                              "`dflashctl rollout --resume`")
+
+    def judge_after(self, t: Target, api_key: str | None, before: Reading | None):
+        """The canary after the restart, judged against `before`; a verdict that failed on decode speed
+        alone is read again, up to SPEED_RECHECKS times, and the best reading counts. (verdict, rechecks)"""
+        def reading():
+            return canary.measure(t.cfg.base_url, api_key, self.opts.canary, lambda text: say(f"{t.name}: {text}"))
+        verdict = canary.judge(before, reading(), self.opts.canary)
+        rechecks = 0
+        while rechecks < SPEED_RECHECKS and verdict.failed_only_on_speed:
+            rechecks += 1
+            say(f"{t.name}: canary: decode speed {verdict.speed['ratio']:.2f}x of before, below "
+                f"{verdict.speed['min_ratio']:g}x, and nothing else failed: measuring again "
+                f"({rechecks} of {SPEED_RECHECKS})")
+            again = canary.judge(before, reading(), self.opts.canary)
+            if again.ok or (again.speed["ratio"] or 0) > verdict.speed["ratio"]:
+                verdict = again
+        return verdict, rechecks
 
     def put_back(self, t: Target) -> None:
         step = self.steps[t.name]

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from dflashctl import cli_help
 from dflashctl.errors import CONFIG, DflashError
+from dflashctl.host import interpreter
 from dflashctl.operations import unit_data
 from dflashctl.operations.router_admin import RouterAdmin
 from dflashctl.service import config
@@ -262,12 +263,26 @@ def run(args) -> int:
     if args.dry_run:
         print(json.dumps({"argv": masked(argv)}, indent=2))
         return 0
+    check_python(args.python)
     print(f"dflashctl router: {cfg.url} in front of {len(cfg.workers)} worker(s): "
           + " ".join(cfg.workers), file=sys.stderr, flush=True)
     try:
         os.execv(argv[0], argv)
     except OSError as e:
-        raise DflashError(f"cannot start the router with {argv[0]}", e.strerror or str(e),
-                          "pass --python the router environment's interpreter (sglang-router 0.3.2 "
-                          "installed, e.g. <router-env>/bin/python)", CONFIG) from None
+        raise DflashError(f"cannot start the router with {argv[0]}", e.strerror or str(e), PYTHON_FIX,
+                          CONFIG) from None
     return 0  # not reached
+
+
+PYTHON_FIX = ("pass --python the router environment's interpreter, which has sglang-router 0.3.2: one built "
+              "from nix/router-lock.json (`services.dflash.router`), or a venv of `dflashctl export --lock "
+              "nix/router-lock.json` (README, \"One endpoint per host: the router\"), e.g. "
+              "/opt/dflash-router/bin/python")
+
+
+def check_python(python: str) -> None:
+    """The router's interpreter has sglang_router, asked before the exec: else Python's own "No module
+    named" would be all the journal says (dflashctl's venv, the default, does not have it)."""
+    why = interpreter.problem(python, ("sglang_router",))
+    if why is not None:
+        raise DflashError(f"--python {python} cannot run the router", why, PYTHON_FIX, CONFIG)

@@ -23,7 +23,7 @@ import sys
 import time
 
 from dflashctl import cli_help, output
-from dflashctl.errors import FAILED, OK, USAGE, DflashError
+from dflashctl.errors import FAILED, OK, USAGE, DflashError, Terminated
 from dflashctl.operations import instances, monitoring, router, status_collect, unit_data
 from dflashctl.operations.status_collect import InstanceSample, RolloutSample, RouterSample, Sample
 from dflashctl.service import unit
@@ -564,7 +564,7 @@ def watch(args, collect, floors, no_router: str | None) -> int:
             if args.count is not None and shown >= args.count:
                 break
             time.sleep(args.watch)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated):  # how a watch ends: the last report stands
         pass
     finally:
         if tty:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflashctl.errors import DflashError
-from dflashctl.host import driver, gpu_health, gpus, hub_cache
+from dflashctl.host import driver, gpu_health, gpus, hub_cache, probes
 from dflashctl.operations import canary, monitoring, rollout_state, unit_data
 from dflashctl.operations.metrics_text import Metrics, ParseError
 from dflashctl.operations.router import RouterConfig
@@ -177,7 +177,6 @@ def _nvml() -> tuple[dict, str | None]:
         return {}, f"{found.what}: {found.why}"
     result = gpus.read(sys.executable, env=env, timeout=10.0)
     if not result.get("ok"):
-        from dflashctl.host import probes
         return {}, f"NVML gave no answers ({probes.failure_text(result)})"
     return result["facts"], None
 
@@ -338,6 +337,7 @@ def sample(cfgs: list[InstanceConfig], router_cfg: RouterConfig | None, admin_ke
         gpus_read = pool.submit(_nvml)  # a child process: read beside the HTTP requests
         asked = [pool.submit(sample_instance, c, systemd, env) for c in cfgs]
         rt = pool.submit(sample_router, router_cfg, admin_key, key_problem, systemd) if router_cfg else None
+        probes.wait_awake([gpus_read, *asked, *([rt] if rt else [])])  # Ctrl-C/SIGTERM heard at once
         instances = [f.result() for f in asked]
         router = rt.result() if rt is not None else None
         nvml, nvml_missing = gpus_read.result()
@@ -362,6 +362,7 @@ def resample(prev: Sample) -> Sample:
         done = [pool.submit(read_metrics, i) for i in instances if i.metrics is not None]
         if router is not None and router.metrics is not None:
             done.append(pool.submit(_router_metrics, router))
+        probes.wait_awake(done)
         for f in done:
             f.result()
     return dataclasses.replace(prev, at=time.monotonic(), wall=time.time(), instances=instances, router=router)

@@ -126,7 +126,8 @@ def _read(model: str, revision, option: str, cfg: InstanceConfig, env, fetch: st
             out.checks.append(probes.warn(
                 f"{NAME}: {option}", f"{model}@{revision or 'main'} is not {'whole ' if partial else ''}in the "
                 f"cache yet ({loc.where}): SGLang downloads it at this start, so its files are checked only "
-                "at the next one", f"{fetch} (the files are then checked before any weights load)"))
+                "at the next one", f"{fetch} (the files are then checked before any weights load)",
+                unchecked=f"{model}@{revision or 'main'}"))
         return loc, None
     try:
         return loc, model_files.config(loc)

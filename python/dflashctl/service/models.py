@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl import cli_help, output
-from dflashctl.errors import CONFIG, FAILED, OK, DflashError
+from dflashctl.errors import FAILED, OK, DflashError
 from dflashctl.host import hub_cache
 from dflashctl.service import config, serve, sglang_args
 
@@ -233,9 +233,8 @@ def run(args) -> int:
             if rev is None or not hub_cache.COMMIT_RE.fullmatch(rev):
                 say(f"warning: {model} is fetched at {rev or 'main'}, which moves; pin a commit")
             results.append({"instance": cfg.name, **fetch_one(model, rev, env, token, args.endpoint, say)})
-    if not results:
-        raise DflashError("nothing to fetch", "every model in the settings is a local directory",
-                          "nothing is needed for local models; `models fetch` is for hub repo ids", CONFIG)
+    if not results:  # the goal (every model where SGLang reads it) already holds: a success
+        say("nothing to fetch: every model in the settings is a local directory, which SGLang reads as it is")
     if args.json:
         output.print_json({"ok": True, "models": results})
     else:

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from dflashctl import cli_help, inputs, output
 from dflashctl.errors import (CONFIG, OK, PREFLIGHT_GPU_FAULT, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
-                              SERVER_DIED_AFTER_READY, SERVER_DIED_BEFORE_READY, SERVER_GPU_FAILED, DflashError)
-from dflashctl.host import gpus, hub_cache
+                              SERVER_DIED_AFTER_READY, SERVER_DIED_BEFORE_READY, SERVER_GPU_FAILED, USAGE,
+                              DflashError)
+from dflashctl.host import gpus, hub_cache, interpreter
 from dflashctl.host.gpu_watch import GpuFailure, GpuWatch
 from dflashctl.lock import locate
 from dflashctl.service import config, gpu_claim, model_check, sdnotify, sglang_args, unit_text
@@ -209,8 +210,36 @@ def launch_argv(cfg: config.InstanceConfig, python: str, api_key: str | None,
                 launcher: str | None) -> list[str]:
     argv = sglang_args.build_argv(cfg, python, api_key)
     if launcher:
-        argv = shlex.split(launcher) + argv[3:]  # keep the mapped flags, swap the program
+        argv = launcher_words(launcher) + argv[3:]  # keep the mapped flags, swap the program
     return argv
+
+
+def launcher_words(launcher: str) -> list[str]:
+    """--launcher (or $DFLASHCTL_SGLANG_LAUNCHER) as shell words; bad quoting is a usage error."""
+    source = "--launcher" if os.environ.get(LAUNCHER_ENV) != launcher else f"${LAUNCHER_ENV}"
+    try:
+        words = shlex.split(launcher)
+    except ValueError as e:
+        raise DflashError(f"{source} {launcher!r} cannot be split into words", str(e),
+                          f"give {source} a command line with balanced quotes, e.g. '/usr/bin/env FOO=1 "
+                          "python -m sglang.launch_server'", USAGE) from None
+    if not words:
+        raise DflashError(f"{source} is empty", "it names no program to run",
+                          f"leave {source} out to run SGLang, or give it a command", USAGE)
+    return words
+
+
+PYTHON_FIX = ("pass --python the stack's interpreter, the one with SGLang (in the unit's ExecStart: "
+              "`dflashctl unit --python PATH`; on NixOS the instance's package option gives "
+              "<package>/bin/python)")
+
+
+def check_python(python: str) -> None:
+    """A missing or wrong --python is a settings error (not restarted), named as such: else the
+    first probe run in it fails and the preflight blames the driver."""
+    why = interpreter.problem(python)
+    if why is not None:
+        raise DflashError(f"--python {python} cannot run the stack", why, PYTHON_FIX, CONFIG)
 
 
 def default_log_path(cfg: config.InstanceConfig, env: dict[str, str]) -> Path:
@@ -230,7 +259,7 @@ def register(subparsers) -> None:
                         "(diagnosis only)")
     p.add_argument("--log-file", metavar="PATH",
                    help="SGLang's log (default: $LOGS_DIRECTORY or the temp dir); also echoed to stderr")
-    p.add_argument("--launcher", metavar="CMD", default=os.environ.get(LAUNCHER_ENV),
+    p.add_argument("--launcher", metavar="CMD", default=os.environ.get(LAUNCHER_ENV) or None,
                    help=f"for tests: run CMD instead of `python -m sglang.launch_server`, with the "
                         f"same flags (env {LAUNCHER_ENV})")
     p.add_argument("--dry-run", action="store_true",
@@ -267,12 +296,15 @@ def _run(args) -> int:
     cfg = config.load(args.config, args.name)
     for w in warnings_for(cfg):
         say(f"warning: {w}")
+    if args.launcher is not None:
+        launcher_words(args.launcher)  # before anything starts: a quoting mistake is a usage error
     if args.dry_run:
         argv = launch_argv(cfg, args.python, None, args.launcher)
         child_env = sglang_args.build_env(cfg, {})
         print(json.dumps({"argv": argv, "env": child_env}, indent=2))
         return OK
     api_key = read_api_key(cfg, env)
+    check_python(args.python)
     child = sglang_child_env(cfg, args.python, env, read_hf_token(cfg, env))  # PREFLIGHT_DRIVER on a mismatch
     say(child.driver_line())
     child_env = child.env

@@ -4,7 +4,9 @@ FILE holds one instance's settings or {"instances": {"<name>": {...}, ...}} (wha
 checks at build time, so `nixos-rebuild` fails before anything is deployed). Rules within one
 instance live in config.py; the rules across instances and against the installed SGLang live here.
 `--models` also reads each instance's target and drafter where SGLang will load them
-(service/model_check.py; the module passes it for models that are store paths).
+(service/model_check.py; the module passes it for models that are store paths); a hub model not in
+the cache could not be read and fails it (exit 88) unless `--skip-unfetched`. A file of router
+settings (`workers`, `/etc/dflash-router.json`) is checked by the router's rules instead.
 """
 
 import ipaddress
@@ -12,7 +14,7 @@ import sys
 from itertools import combinations
 
 from dflashctl import cli_help, output
-from dflashctl.errors import CONFIG, OK, DflashError
+from dflashctl.errors import CONFIG, OK, PREFLIGHT_MODEL_MISSING, USAGE, DflashError
 from dflashctl.host import hub_cache
 from dflashctl.service import config, model_check, sglang_args, sglang_features, unit_text
 from dflashctl.service.config import InstanceConfig
@@ -145,16 +147,22 @@ def check(data, python: str | None = None) -> tuple[list[str], list[str], list[I
     return errors, warnings, cfgs
 
 
-def model_rules(cfgs: list[InstanceConfig], settings_path: str) -> tuple[list, list[str]]:
-    """(failed checks, warnings) of each instance's models, read from the cache its unit will use."""
-    failed, warnings = [], []
+def model_rules(cfgs: list[InstanceConfig], settings_path: str) -> tuple[list, list[str], list[str]]:
+    """(failed checks, warnings, models not checked) of each instance's models, read from the cache
+    its unit will use. A hub model not in that cache is not checked at all: named apart, so that
+    `--models` never reports valid what it could not read."""
+    failed, warnings, unchecked = [], [], []
     for c in cfgs:
         checks = model_check.check(c, sglang_args.cache_env(c), settings_path).checks
         fails, warns = model_check.as_lines(checks)
         failed += [(c.name, check, line) for check, line in
                    zip([k for k in checks if k.status == "fail"], fails)]
-        warnings += [f"instance {c.name!r}: {w}" for w in warns]
-    return failed, warnings
+        warnings += [f"instance {c.name!r}: {w}" for k, w in zip([k for k in checks if k.status == "warn"], warns)
+                     if "unchecked" not in k.details]
+        unchecked += [f"instance {c.name!r}: {k.details['unchecked']} is not in its cache "
+                      f"({hub_cache.hf_home(sglang_args.cache_env(c))})"
+                      for k in checks if "unchecked" in k.details]
+    return failed, warnings, unchecked
 
 
 def register(subparsers) -> None:
@@ -166,8 +174,12 @@ def register(subparsers) -> None:
     p.add_argument("--models", action="store_true",
                    help="also check each model and drafter (config, tokenizer, weights) where SGLang "
                         "will read them: a local directory or the instance's hub cache, never the hub")
+    p.add_argument("--skip-unfetched", action="store_true",
+                   help="with --models: a hub model not in the cache is named but not a failure (without "
+                        "it, exit 88: nothing of it could be checked)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
+    return p
 
 
 def fix_for(errors: list[str]) -> str:
@@ -182,15 +194,24 @@ def fix_for(errors: list[str]) -> str:
     return "; ".join(fixes)
 
 
-def run(args) -> int:
-    data = config.read_json(args.file)
+def run(args, data=None) -> int:
+    """`data`: the file's JSON when the caller has read it (operations/validate_files.py, which sends
+    router settings to the router's rules)."""
+    data = config.read_json(args.file) if data is None else data
     errors, warnings, cfgs = check(data, args.python)
-    model_failures = []
-    if getattr(args, "models", False) and not errors:
-        model_failures, model_warnings = model_rules(cfgs, args.file)
+    model_failures, unchecked = [], []
+    models, skip = getattr(args, "models", False), getattr(args, "skip_unfetched", False)
+    if skip and not models:
+        raise DflashError("--skip-unfetched without --models", "it says what --models does with a model "
+                          "that is not in the cache", "add --models, or leave --skip-unfetched out", USAGE)
+    if models and not errors:
+        model_failures, model_warnings, unchecked = model_rules(cfgs, args.file)
         errors += [f"instance {name!r}: {line}" for name, _, line in model_failures]
         warnings += model_warnings
-    result = {"ok": not errors, "instances": [c.name for c in cfgs], "errors": errors, "warnings": warnings}
+        if skip:
+            warnings += [f"{u}: not checked (--skip-unfetched)" for u in unchecked]
+    result = {"ok": not errors and (not unchecked or skip), "instances": [c.name for c in cfgs],
+              "errors": errors, "warnings": warnings, **({"unchecked": unchecked} if unchecked else {})}
     for w in warnings:
         print(f"dflashctl validate: warning: {w}", file=sys.stderr)
     if model_failures:  # the settings are valid (else the models were not read): only these
@@ -205,8 +226,19 @@ def run(args) -> int:
                         fix_for(errors), CONFIG)
         e.result = result  # --json: the error object carries the problems (output.error_object)
         raise e
+    if unchecked and not skip:
+        e = DflashError(f"{args.file}: the models could not be checked",
+                        f"{len(unchecked)} model(s) are not in the cache the instances read, so none of their "
+                        "files were read (the settings are valid)\n  - " + "\n  - ".join(unchecked),
+                        f"dflashctl models fetch --config {args.file}, then validate again; or pass "
+                        "--skip-unfetched to accept models SGLang will download at their first start",
+                        PREFLIGHT_MODEL_MISSING)
+        e.result = result
+        raise e
     if args.json:
         output.print_json(result)
     else:
-        print(f"{args.file}: {len(cfgs)} instance(s) valid: {', '.join(c.name for c in cfgs)}")
+        checked = " (models checked)" if models and not unchecked else (
+            f" ({len(unchecked)} model(s) not in the cache, not checked)" if unchecked else "")
+        print(f"{args.file}: {len(cfgs)} instance(s) valid{checked}: {', '.join(c.name for c in cfgs)}")
     return OK
