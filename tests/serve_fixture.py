@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dflashctl.service import config
+from dflashctl.smoke import ports
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
@@ -22,13 +23,9 @@ NEVER = 60  # a bound no test should reach: serve must not wait out a timeout fo
 
 
 def free_port() -> int:
-    """A free port the settings accept (<= config.MAX_PORT: SGLang derives its gRPC port + 10000)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port <= config.MAX_PORT:
-            return port
+    """A free port the settings accept (<= config.MAX_PORT: SGLang derives its gRPC port + 10000),
+    outside the ephemeral range as the smoke chooses them."""
+    return ports.free_port(config.MAX_PORT)
 
 
 class Notify:
