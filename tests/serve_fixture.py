@@ -90,6 +90,46 @@ def serve(tmp_path):
 
     yield start
     for p in procs:
-        if p.poll() is None:
+        stop_serve(p)
+
+
+def descendants(pid: int) -> list[int]:
+    """The process's children, theirs, and so on (from /proc), at this moment."""
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    except OSError:
+        return found
+    return found + [d for c in found for d in descendants(c)]
+
+
+def stop_serve(p: subprocess.Popen, grace: float = 30) -> None:
+    """Stop a serve still running as systemd does: SIGTERM to its group (serve stops SGLang, which
+    runs in a group of its own), SIGKILL after `grace` s; then SIGKILL to whatever serve had started
+    and left (a SIGKILLed serve leaves its SGLang running, reparented away from the test)."""
+    if p.poll() is not None:
+        return
+    left = []
+    for pid in descendants(p.pid):
+        try:
+            left.append(os.pidfd_open(pid))  # a handle: the pid may be reused once it is gone
+        except OSError:
+            pass
+    try:
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            os.killpg(p.pid, sig)
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        for fd in left:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    finally:
+        for fd in left:
+            os.close(fd)
