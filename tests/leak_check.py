@@ -41,12 +41,16 @@ class Proc:
 def _stat(pid: int) -> tuple[int, str, int] | None:
     """(ppid, state, starttime) of a live process; None when gone (or a zombie: dead)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)  # os.open: a scan reads a few hundred of these
+        try:
+            fields = os.read(fd, 1024).rsplit(b")", 1)[1].split()
+        finally:
+            os.close(fd)
     except (OSError, IndexError):
         return None
-    if fields[0] in ("Z", "X"):
+    if fields[0] in (b"Z", b"X"):
         return None
-    return int(fields[1]), fields[0], int(fields[19])
+    return int(fields[1]), fields[0].decode(), int(fields[19])
 
 
 def session_processes() -> dict[int, Proc]:
