@@ -38,15 +38,7 @@ stamp "payload: /tmp/site unpacked; $(nproc) cores; $(nvidia-smi --query-gpu=nam
 export PYTHONPATH=$PWD/python:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 # Four instances import SGLang at once: from byte code that is seconds, without it each compiles.
-pycs() { find "$1" -name '*.pyc' 2>/dev/null | head -n 1 | wc -l; }
-if [ "${BYTECODE:-1}" = 1 ] && [ "$(pycs /tmp/site/sglang)" = 0 ]; then
-  s=$(ms)
-  site=$($PY -c "import importlib.util as u, os; s = u.find_spec('torch'); print(os.path.dirname(os.path.dirname(s.origin)) if s else '')" 2>/dev/null)
-  $PY -m compileall -q -j0 /tmp/site ${site:+"$site"} >/dev/null 2>&1
-  stamp "byte code: compileall of /tmp/site ${site:+and $site }in $(secs_since "$s")s"
-else
-  stamp "byte code: left as found (SGLang's .pyc present: $(pycs /tmp/site/sglang); BYTECODE=${BYTECODE:-1})"
-fi
+compile_bytecode
 
 work=$(mktemp -d)
 secs=$(( $(left) - 5 ))

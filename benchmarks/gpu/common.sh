@@ -45,6 +45,22 @@ router_setup() {
   mkdir -p "$ROUTER_SITE" && xz -d -T4 <"$ROUTER_PAYLOAD" | tar -x -C "$ROUTER_SITE" && touch "$ROUTER_SITE/.unpacked"
 }
 
+# compile_bytecode: the payload's modules (and the interpreter's own torch) compiled once a machine,
+# as a Nix build leaves them; the device image has none and SGLang's imports would compile at each
+# start. BYTECODE=0 leaves the tree as found.
+compile_bytecode() {
+  local first s site
+  first=$(find "$SITE/sglang" -name '*.pyc' 2>/dev/null | head -n 1)
+  if [ "${BYTECODE:-1}" != 1 ] || [ -n "$first" ]; then
+    say "byte code: left as found (SGLang's .pyc present: $([ -n "$first" ] && echo 1 || echo 0); BYTECODE=${BYTECODE:-1})"
+    return 0
+  fi
+  s=$(ms)
+  site=$(${PY:-python3} -c "import importlib.util as u, os; s = u.find_spec('torch'); print(os.path.dirname(os.path.dirname(s.origin)) if s else '')" 2>/dev/null)
+  ${PY:-python3} -m compileall -q -j0 "$SITE" ${site:+"$site"} >/dev/null 2>&1
+  say "byte code: compileall of $SITE ${site:+and $site }in $(secs_since "$s")s"
+}
+
 # machine_facts DIST...: a summary's head: the GPU(s), $PY's version and each distribution's, the
 # CPU count.
 machine_facts() {

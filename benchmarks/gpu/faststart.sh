@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# The fast start on the H200 with Nix conditions (issue 44), in ONE device call of at most 9 minutes:
-#   1. byte code as a Nix build writes it (compileall, checked-hash) over the payload and the device's
-#      site-packages, then `prebuilt_kernels.sh build` (the flake's prebuilt kernels, /tmp/i21/prebuilt)
-#   2. doctor's faststart line (the stack's interpreter forks one child through a template)
-#   3. NCCL in a forked child: a template preloading SGLang 0.5.11's list, one child forked from it
-#      that initialises CUDA and a torch.distributed NCCL group of one (tp 1) and all-reduces on GPU 0
-#   4. fresh default smokes (fresh HOME and caches, prebuilt kernels, FLASHINFER_DISABLE_JIT=1):
-#      on1, off (--no-fast-start), on2, on3: each server's ready time and start-up phases, the
-#      template's lines, start to table, outputs 12/12, the oracle speed-up
-#   5. a table: per run start to table, each server's ready time, imports / scheduler start, how the
-#      children started; the median of the three runs with the fast start
-# Run from the repository root with the stack's payload (benchmarks/README.md), e.g. the device tool
-# with carry [".gpu"]:   bash benchmarks/gpu/faststart.sh
-# Writes into $OUT (default ./faststart-out): summary.txt, on1.json, off.json, on2.json, on3.json,
-# doctor.json, nccl.txt, logs.tar.gz (every server's log and smoke's output, rewritten after each run).
-# Budget: BUDGET=540 s; each smoke at most 170 s or what is left (common.sh's fresh_smoke).
+# The fast start on the H200 with Nix conditions (issue 44): is it safe, and does it save time?
+# fastStart is off by default until this shows both. Steps ($STEPS, default all, in this order):
+#   setup   byte code as a Nix build writes it (compileall, checked-hash) over the payload and the
+#           device's site-packages, then `prebuilt_kernels.sh build` (the flake's prebuilt kernels,
+#           /tmp/i21/prebuilt; kept while the machine stays warm)
+#   doctor  doctor's faststart line: the stack's interpreter runs a template over SGLang 0.5.11's
+#           list and forks one child through it (which entries it left out, the forked test child's cuInit)
+#   nccl    NCCL in a forked child: a template preloading that list, one child forked from it that
+#           initialises CUDA and a torch.distributed NCCL group of one (tp 1) and all-reduces on GPU 0
+#   death   benchmarks/gpu/faststart_death.py: one real DFLASH instance under `dflashctl serve` with the
+#           fast start, its scheduler SIGKILLed once ready: serve's exit code and seconds, processes left
+#   smokes  fresh default smokes ($RUNS, default "on1 off1 on2 off2 on3 off3", alternating; a label
+#           starting with "on" adds --fast-start): each server's ready time and start-up phases, the
+#           template's lines (forked / spawned and why / entries left out), start to table, outputs
+#           12/12 (lossless), the oracle speed-up; then a table with the medians with and without
+# One device call runs at most 9 minutes (BUDGET=540 s; each smoke at most 170 s or what is left,
+# common.sh's fresh_smoke, skipped below 50 s). Everything needs about two calls, e.g. with carry
+# [".gpu"]:   bash benchmarks/gpu/faststart.sh
+#             STEPS=smokes RUNS="off2 on3 off3" bash benchmarks/gpu/faststart.sh   (what the first skipped)
+# Writes into $OUT (default ./faststart-out): summary.txt, <label>.json per smoke, doctor.json,
+# nccl.txt, faststart-death.json and its serve log, logs.tar.gz (every server's log and smoke's output).
 set -uo pipefail
 OUT=${OUT:-$PWD/faststart-out}
 mkdir -p "$OUT" /tmp/i21 /tmp/i44
@@ -32,7 +37,12 @@ rm -rf "$RUNS_DIR"; mkdir -p "$RUNS_DIR"
   echo "== timeline (seconds since the script started)"
 } >"$summary"
 
+STEPS=${STEPS:-setup doctor nccl death smokes}
+RUNS=${RUNS:-on1 off1 on2 off2 on3 off3}
+want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+
 # 1. Nix conditions
+if want setup; then
 SYSTEM_SITE=$($PY -c "import importlib.util, os; print(os.path.dirname(os.path.dirname(importlib.util.find_spec('torch').origin)))")
 s=$(ms)
 $PY -m compileall -q -j0 --invalidation-mode checked-hash "$SITE" >/dev/null 2>&1
@@ -42,13 +52,17 @@ if [ ! -f "$K/index.json" ]; then
   BUDGET=$(( $(left) - 5 )) RUNS=0 OUT=$OUT/build bash "$(dirname "$0")/prebuilt_kernels.sh" build >/dev/null 2>&1
   rm -rf "$OUT/build"
 fi
+fi
 [ -f "$K/index.json" ] && stamp "prebuilt kernels: $K" || stamp "no prebuilt kernels: the runs compile (say so)"
 
 # 2. doctor
+if want doctor; then
 $PY -m dflashctl doctor --json >"$OUT/doctor.json" 2>/dev/null
 stamp "doctor: $($PY -c "import json, sys; c = [c for c in json.load(open(sys.argv[1]))['checks'] if c['name'] in ('faststart', 'bytecode')]; print(' | '.join(f\"{x['name']} {x['status']} {x['summary']}\" for x in c))" "$OUT/doctor.json" 2>&1 | tail -n1)"
+fi
 
 # 3. NCCL (tp 1) in a child forked from a template that preloaded SGLang's list
+if want nccl; then
 HOOK=$REPO/python/dflashctl/host/kernel_hook
 LIST=$REPO/python/dflashctl/host/data/sglang-0.5.11-preload.json
 cat >/tmp/i44/nccl_child.py <<'PYEOF'
@@ -80,22 +94,40 @@ PYEOF
 s=$(ms)
 ( cd /tmp/i44 && PYTHONPATH=$HOOK:$PYTHONPATH DFLASH_FASTSTART=$LIST timeout 150 $PY nccl_child.py ) >"$OUT/nccl.txt" 2>&1
 stamp "nccl (tp 1) in a forked child: exit $? after $(secs_since "$s")s: $(grep -E 'child said|child exit|faststart\] (scheduler|template)' "$OUT/nccl.txt" | cut -c1-220 | tr '\n' ' ')"
+fi
 
-# 4. fresh default smokes
-for label in on1 off on2 on3; do
-  flag=(); [ "$label" = off ] && flag=(--no-fast-start)
+# 4. a child's death seen by serve, with the fast start
+if want death; then
+  limit=$(( $(left) - 5 )); [ "$limit" -gt 150 ] && limit=150
+  if [ "$limit" -lt 60 ]; then
+    stamp "death: skipped, ${limit}s left"
+  else
+    s=$(ms)
+    kernels=(); [ -f "$K/index.json" ] && kernels=(DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1)
+    env "${kernels[@]}" timeout --signal=INT --kill-after=20 "$limit" $PY benchmarks/gpu/faststart_death.py \
+      --out "$OUT" --fast-start --python "$(command -v $PY)" >"$OUT/death.txt" 2>&1
+    stamp "death: exit $? after $(secs_since "$s")s: $(tail -n1 "$OUT/death.txt" | cut -c1-400)"
+    grep -h 'dflash faststart' "$OUT/faststart-death-sglang.log" 2>/dev/null | sed 's/(pid [0-9]*)//' | cut -c1-300 \
+      | sed 's/^/    /' >>"$summary"
+  fi
+fi
+
+# 5. fresh default smokes
+want smokes || RUNS=""
+for label in $RUNS; do
+  flag=(--no-fast-start); [ "${label#on}" != "$label" ] && flag=(--fast-start)
   fresh_smoke "$label" DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1 -- "${flag[@]}" "$@"
   cat "$RUNS_DIR/$label"/logs/*.log 2>/dev/null | grep -ho '\[dflash faststart\].*' | sed 's/(pid [0-9]*)//' \
     | sort | uniq -c | cut -c1-300 | sed 's/^/    /' >>"$summary"
 done
 
-# 5. the table
-$PY - "$OUT" >>"$summary" 2>&1 <<'PYEOF'
+# 6. the table
+[ -n "$RUNS" ] && $PY - "$OUT" $RUNS >>"$summary" 2>&1 <<'PYEOF'
 import json, os, statistics, sys
-out = sys.argv[1]
+out, labels = sys.argv[1], sys.argv[2:]
 print("== per run: start to table; per server: ready s (imports / scheduler start) and how its children started")
 ready = {"on": [], "off": []}
-for label in ("on1", "on2", "on3", "off"):
+for label in labels:
     path = os.path.join(out, f"{label}.json")
     if not os.path.exists(path):
         print(f"{label}: no result")
@@ -109,10 +141,11 @@ for label in ("on1", "on2", "on3", "off"):
         st = x.get("startup") or {}
         sec = st.get("seconds") or {}
         fs = st.get("faststart") or {}
-        ready["off" if label == "off" else "on"].append(x.get("startup_s"))
+        ready["on" if label.startswith("on") else "off"].append(x.get("startup_s"))
         print(f"    {x['name']:16} ready {x.get('startup_s')} s (imports {sec.get('imports')}, scheduler start "
               f"{sec.get('scheduler_start')}); template {fs.get('template_s')} s, forked {fs.get('forked')}, "
-              f"spawned {fs.get('spawned')}, unusable {fs.get('unusable')}; lossless {(x.get('lossless') or {}).get('status')}")
+              f"spawned {fs.get('spawned')}, left out {fs.get('left_out')}, unusable {fs.get('unusable')}; "
+              f"lossless {(x.get('lossless') or {}).get('status')}")
 for k, v in ready.items():
     v = [t for t in v if t is not None]
     if v:

@@ -52,15 +52,7 @@ else
   stamp "router: not carried (no $router_site, no $ROUTER_PAYLOAD): measuring and status without it"
 fi
 
-pycs() { find "$1" -name '*.pyc' 2>/dev/null | head -n 1 | wc -l; }
-if [ "${BYTECODE:-1}" = 1 ] && [ "$(pycs /tmp/site/sglang)" = 0 ]; then
-  s=$(ms)
-  site=$($PY -c "import importlib.util as u, os; s = u.find_spec('torch'); print(os.path.dirname(os.path.dirname(s.origin)) if s else '')" 2>/dev/null)
-  $PY -m compileall -q -j0 /tmp/site ${site:+"$site"} >/dev/null 2>&1
-  stamp "byte code: compileall of /tmp/site ${site:+and $site }in $(secs_since "$s")s"
-else
-  stamp "byte code: left as found (SGLang's .pyc present: $(pycs /tmp/site/sglang); BYTECODE=${BYTECODE:-1})"
-fi
+compile_bytecode
 
 work=$(mktemp -d)
 secs=$(( $(left) - 3 ))

@@ -28,12 +28,7 @@ unpack_payload "$D" || exit 3
 stamp "payload: /tmp/site unpacked; $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>&1 | head -1)"
 export PYTHONPATH=$PWD/python:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-pycs() { find "$1" -name '*.pyc' 2>/dev/null | head -n 1 | wc -l; }
-if [ "${BYTECODE:-1}" = 1 ] && [ "$(pycs /tmp/site/sglang)" = 0 ]; then
-  s=$(ms)
-  $PY -m compileall -q -j0 /tmp/site >/dev/null 2>&1
-  stamp "byte code: compileall of /tmp/site in $(secs_since "$s")s"
-fi
+compile_bytecode
 
 work=$(mktemp -d)
 secs=$(( $(left) - 3 ))

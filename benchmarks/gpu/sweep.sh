@@ -45,15 +45,7 @@ POINTS=${SWEEP_POINTS:-1,2,4,8,16,32,64}
 stamp "sweep: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader 2>&1 | head -1)"
 stamp "GPU processes already there: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>&1 | tr '\n' ';')"
 
-pycs() { find "$1" -name '*.pyc' 2>/dev/null | head -n 1 | wc -l; }
-if [ "${BYTECODE:-1}" = 1 ] && [ "$(pycs "$SITE/sglang")" = 0 ]; then
-  s=$(ms)
-  site=$($PY -c "import importlib.util as u, os; s = u.find_spec('torch'); print(os.path.dirname(os.path.dirname(s.origin)) if s else '')")
-  $PY -m compileall -q -j0 "$SITE" ${site:+"$site"} >/dev/null 2>&1
-  stamp "byte code: compileall of $SITE ${site:+and $site }in $(secs_since "$s")s"
-else
-  stamp "byte code: left as found (SGLang's .pyc present: $(pycs "$SITE/sglang"); BYTECODE=${BYTECODE:-1})"
-fi
+compile_bytecode
 stamp "prebuilt kernels: ${DFLASH_PREBUILT_KERNELS:-none}; tvm-ffi cache in HOME: $(ls "${XDG_CACHE_HOME:-$HOME/.cache}/dflashctl/jit/tvm-ffi" 2>/dev/null | wc -l) entries"
 
 secs=$(( $(left) - 5 ))

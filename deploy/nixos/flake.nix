@@ -37,6 +37,9 @@
         {
           services.dflash.router.enable = true;
           services.dflash.upgrade = "rolling";
+          # the default, said here because the fleet depends on it: the switch (deploy-rs' activation,
+          # colmena's apply) ends with the rollout's verdict and fails when the rollout stopped
+          services.dflash.rollout.waitForVerdict = true;
         }
       ];
       nixosConfigurations = builtins.listToAttrs (

@@ -29,8 +29,8 @@ in
   order = names;
 
   # `deploy .#<canary>` first, then the rest one after the other (docs/fleet.md has the commands).
-  # switch-to-configuration returns only once the host's rollout has finished (the module's option for
-  # it); a stopped rollout makes the activation fail, and autoRollback activates the previous
+  # switch-to-configuration returns only once the host's rollout has finished
+  # (services.dflash.rollout.waitForVerdict, on by default); a stopped rollout makes the activation fail, and autoRollback activates the previous
   # generation again. magicRollback also reverts a host that the deploying machine cannot reach after
   # the switch.
   deploy = {

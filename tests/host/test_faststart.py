@@ -6,9 +6,11 @@ here: a stand-in `torch` (tmp dir) has the entry points the template fences off.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -108,12 +110,26 @@ def test_a_variable_no_preloaded_module_read_is_simply_passed_on(tmp_path):
     assert len(out["imports"]) == 2 and all(k["late"] == "x" for k in out["children"])
 
 
-def test_a_preload_that_fails_leaves_spawn(tmp_path):
+def test_a_preload_that_fails_is_left_out_and_the_template_starts_over(tmp_path):
     (tmp_path / "broken.py").write_text("raise RuntimeError('half imported')\n")
     out = run(tmp_path, preload=["heavy", "not_installed_anywhere", "broken"])
-    assert "template not usable: importing broken: RuntimeError: half imported" in out["log"]
+    assert ("template: broken left out: its import failed (RuntimeError: half imported); starting over "
+            "without it") in out["log"]
+    assert "1 left out (broken)" in out["log"] and out["log"].count("forked from the template") == 2
+    template = [pid for pid in out["imports"] if pid != out["server"]]
+    assert len(template) == 2 and len(set(template)) == 1  # one process (exec'd afresh), heavy imported twice
+    assert not {k["pid"] for k in out["children"]} & set(out["imports"])
+
+
+def test_a_template_that_keeps_failing_gives_up_and_spawns(tmp_path):
+    for i in range(4):
+        (tmp_path / f"broken{i}.py").write_text(f"raise RuntimeError('broken {i}')\n")
+    out = run(tmp_path, preload=["heavy"] + [f"broken{i}" for i in range(4)])
+    assert out["log"].count("starting over without it") == 3
+    assert "template not usable: importing broken3: its import failed (RuntimeError: broken 3) (and 3 entries " \
+           "were left out already: broken0, broken1, broken2)" in out["log"]
     assert out["log"].count("spawned: the template is not usable") == 2
-    assert len(out["imports"]) == 4
+    assert set(k["pid"] for k in out["children"]) <= set(out["imports"])  # each child imported heavy itself
 
 
 FAKE_TORCH = """
@@ -142,22 +158,105 @@ class cuda:
 """
 
 
-@pytest.mark.parametrize("module, source, usable", [
-    ("asks_available", "import torch\nOK = torch.cuda.is_available()\n", True),
-    ("inits_cuda", "import torch\ntorch._C._cuda_init()\n", False),
+@pytest.mark.parametrize("module, source, left_out", [
+    ("asks_available", "import torch\nOK = torch.cuda.is_available()\n", None),
+    ("inits_cuda", "import torch\ntorch._C._cuda_init()\n", "tried to initialise CUDA (torch._C._cuda_init)"),
+    ("swallows_it", "import torch\ntry:\n    N = torch._C._cuda_getDeviceCount()\nexcept Exception:\n    N = 0\n",
+     "tried to initialise CUDA (torch._C._cuda_getDeviceCount)"),
 ])
-def test_cuda_is_fenced_off_in_the_template(tmp_path, module, source, usable):
+def test_cuda_is_fenced_off_in_the_template(tmp_path, module, source, left_out):
+    """A module whose import reaches CUDA through torch is left out (also where it swallows the
+    error: what it cached from it is wrong); the template starts over without it and is used."""
     (tmp_path / "torch.py").write_text(FAKE_TORCH)
     (tmp_path / f"{module}.py").write_text(source)
     cuda_log = tmp_path / "cuda"
     out = run(tmp_path, preload=["torch", module, "heavy"], env={"CUDA_LOG": str(cuda_log)})
     assert not cuda_log.exists()  # nothing reached CUDA in the template: availability came from NVML
-    if usable:
-        assert len(out["imports"]) == 2 and out["log"].count("forked from the template") == 2
+    assert out["log"].count("forked from the template") == 2 and len(set(out["imports"])) == 2
+    if left_out is None:
+        assert "left out" not in out["log"].replace("0 left out (none)", "")
     else:
-        assert f"importing {module}: it initialises CUDA (torch._C._cuda_init)" in out["log"]
-        # the template stopped there (heavy never imported in it): the server and both children import
-        assert len(out["imports"]) == 3 and out["log"].count("spawned: the template is not usable") == 2
+        assert f"template: {module} left out: its import {left_out}; starting over without it" in out["log"]
+
+
+FAKE_LIBCUDA = r"""
+#include <stdlib.h>
+#include <unistd.h>
+/* The driver's rule: cuInit in a process forked after its parent's cuInit fails. FAKE_CUDA_HIDDEN=1:
+   cuDeviceGetCount never tells (a state no check in the template sees, only the forked test child). */
+static pid_t initialised_in = 0;
+int cuInit(unsigned int flags) {
+    if (initialised_in != 0 && initialised_in != getpid()) return 3;
+    initialised_in = getpid();
+    return 0;
+}
+int cuDeviceGetCount(int *count) {
+    if (initialised_in == 0 || getenv("FAKE_CUDA_HIDDEN")) return 3;
+    *count = 1;
+    return 0;
+}
+"""
+
+
+@pytest.fixture
+def fake_libcuda(tmp_path):
+    """A libcuda.so.1 with cuInit and cuDeviceGetCount, found through LD_LIBRARY_PATH."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in libcuda")
+    lib = tmp_path / "driver"
+    lib.mkdir()
+    (lib / "fake_cuda.c").write_text(FAKE_LIBCUDA)
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib / "libcuda.so.1"),
+                    str(lib / "fake_cuda.c")], check=True)
+    return lib
+
+
+CALLS_CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
+
+
+def test_a_module_that_initialises_the_driver_itself_is_left_out(tmp_path, fake_libcuda):
+    """No fence sees a library calling cuInit directly: the check after each import does."""
+    (tmp_path / "calls_cuinit.py").write_text(CALLS_CUINIT)
+    out = run(tmp_path, preload=["calls_cuinit", "heavy"], env={"LD_LIBRARY_PATH": str(fake_libcuda)})
+    assert ("template: calls_cuinit left out: its import initialised CUDA in the driver (cuDeviceGetCount "
+            "answered 0); starting over without it") in out["log"]
+    assert "a forked test child: CUDA initialised in it" in out["log"]  # the driver works in a fork of it
+    assert out["log"].count("forked from the template") == 2
+
+
+def test_a_template_whose_fork_cannot_use_cuda_is_refused(tmp_path, fake_libcuda):
+    """Whatever the checks in the template miss, the child forked from it before it is used must
+    initialise CUDA; here it cannot (CUDA was initialised unseen), so both children are spawned."""
+    (tmp_path / "calls_cuinit.py").write_text(CALLS_CUINIT)
+    out = run(tmp_path, preload=["calls_cuinit", "heavy"],
+              env={"LD_LIBRARY_PATH": str(fake_libcuda), "FAKE_CUDA_HIDDEN": "1"})
+    assert ("template not usable: a child forked from the template could not initialise CUDA (cuInit "
+            "answered 3)") in out["log"]
+    assert out["log"].count("spawned: the template is not usable") == 2 and len(out["imports"]) == 4
+
+
+STARTS_A_THREAD = """
+import os, threading
+stop = threading.Event()
+worker = threading.Thread(target=stop.wait, name="pool")
+worker.start()
+if os.environ.get("STOP_BEFORE_FORK"):  # OpenBLAS (numpy) stops its thread pool before a fork so
+    os.register_at_fork(before=lambda: (stop.set(), worker.join()))
+"""
+
+
+@pytest.mark.parametrize("stops_before_fork", [True, False])
+def test_threads_that_a_fork_would_leave_behind(tmp_path, stops_before_fork):
+    (tmp_path / "pool.py").write_text(STARTS_A_THREAD)
+    env = {"STOP_BEFORE_FORK": "1"} if stops_before_fork else {}
+    out = run(tmp_path, preload=["heavy", "pool"], env=env, program=PROGRAM.replace(
+        "import heavy\n", "import heavy, pool\npool.stop.set()\n", 1))
+    if stops_before_fork:
+        assert out["log"].count("forked from the template") == 2
+    else:
+        assert "template not usable: 2 threads run after the imports" in out["log"]
+        assert out["log"].count("spawned: the template is not usable") == 2
 
 
 def test_a_python_c_process_starts_no_template(tmp_path):
@@ -186,11 +285,57 @@ def test_provide_on_off_and_an_instance_s_own_list():
 
 
 def test_doctor_tries_it_in_the_interpreter():
-    r = probes.run_probe(sys.executable, "faststart", str(kernels.HOOK_DIR), timeout=60)
+    """With the list an instance uses (here: what of it this venv has)."""
+    r = probes.run_probe(sys.executable, "faststart", faststart.probe_arg(), timeout=120)
     check = faststart.check(r)
     assert check.status == "ok", (r, check)
+    assert check.summary.startswith("available, off by default (fastStart = true turns it on): a template imported ")
+    assert r["facts"]["preloaded"] > 0 and r["facts"]["fork_probe"] == "no CUDA driver to try"
     broken = faststart.check({"ok": True, "facts": {"ok": False, "why": "prctl is not available (x)"}})
     assert broken.status == "warn" and "prctl is not available" in broken.summary
-    assert "fastStart = false" in broken.fix
+    assert "CPython 3.10 to 3.13" in broken.fix
     failed = faststart.check({"ok": False, "error": "cannot run /nope"})
     assert failed.status == "warn" and "cannot run /nope" in failed.summary
+
+
+def test_doctor_names_why_the_template_is_refused(tmp_path, fake_libcuda):
+    (tmp_path / "calls_cuinit.py").write_text(CALLS_CUINIT)
+    (tmp_path / "list.json").write_text(json.dumps({"preload": ["calls_cuinit", "json"]}))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), LD_LIBRARY_PATH=str(fake_libcuda), FAKE_CUDA_HIDDEN="1")
+    r = probes.run_probe(sys.executable, "faststart", json.dumps([str(kernels.HOOK_DIR), str(tmp_path / "list.json")]),
+                         timeout=120, env=env)
+    check = faststart.check(r)
+    assert check.status == "warn", (r, check)
+    assert check.summary.startswith("not usable here: the template is not usable: a child forked from the "
+                                    "template could not initialise CUDA (cuInit answered 3); with fastStart = "
+                                    "true SGLang spawns its children as before")
+    assert "leave fastStart off here" in check.fix
+
+
+def test_the_template_dies_with_the_server_even_while_it_imports(tmp_path):
+    """PR_SET_PDEATHSIG: a server that exits (or is killed) leaves no template importing on."""
+    (tmp_path / "stuck_import.py").write_text(
+        "import os, time\nopen(os.environ['STUCK_PIDFILE'], 'w').write(str(os.getpid()))\ntime.sleep(3600)\n")
+    (tmp_path / "list.json").write_text(json.dumps({"preload": ["stuck_import"]}))
+    pidfile = tmp_path / "template.pid"
+    (tmp_path / "server.py").write_text(
+        "import os, sys, time\n"
+        "while not (os.path.exists(sys.argv[1]) and open(sys.argv[1]).read()):\n"
+        "    time.sleep(0.05)\n")
+    env = {k: v for k, v in os.environ.items() if k != faststart.ENV}
+    env.update(PYTHONPATH=str(kernels.HOOK_DIR), STUCK_PIDFILE=str(pidfile),
+               **{faststart.ENV: str(tmp_path / "list.json")})
+    subprocess.run([sys.executable, str(tmp_path / "server.py"), str(pidfile)], env=env, timeout=120,
+                   cwd=tmp_path, check=True)
+    template = int(pidfile.read_text())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            state = open(f"/proc/{template}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break  # gone
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the template {template} outlived its server")

@@ -16,6 +16,7 @@ import pytest
 
 import nix_unit
 from conftest import REPO, nix_or_skip
+from dflashctl.operations import unit_data
 from nixeval import nixpkgs_lib
 
 pytestmark = pytest.mark.nix
@@ -227,20 +228,39 @@ def test_rolling_upgrades_are_the_default_with_the_router_and_restart_otherwise(
     assert [rolling[f"dflash-{n}"]["restartIfChanged"] for n in "ab"] == [False, False]
     rollout = rolling["dflash-rollout"]
     argv = rollout["serviceConfig"]["ExecStart"].split()
+    d = unit_data.canary_data()["defaults"]
     assert argv[1:] == ["rollout", "--instance", "/nix/store/11111111111111111111111111111111-dflash-instances.json",
-                        "--router", "/etc/dflash-router.json", "--resume", "--batch", "1", "--healthy-for", "10"]
+                        "--router", "/etc/dflash-router.json", "--resume", "--batch", "1", "--healthy-for", "10",
+                        "--canary-prompts", str(d["prompts"]), "--canary-tokens", str(d["tokens"]),
+                        "--canary-repeats", str(d["repeats"]), "--canary-min-accept-ratio", str(d["minAcceptRatio"]),
+                        "--canary-min-speed-ratio", str(d["minSpeedRatio"])]
     assert rollout["after"] == ["dflash-router.service", "dflash-a.service", "dflash-b.service"]
-    assert rollout["wantedBy"] == ["multi-user.target"] and rollout["serviceConfig"]["Type"] == "notify"
+    # the switch waits for the rollout's verdict (rollout.waitForVerdict), within a bound
+    assert rollout["wantedBy"] == ["multi-user.target"] and rollout["serviceConfig"]["Type"] == "oneshot"
+    assert int(rollout["serviceConfig"]["TimeoutStartSec"].rstrip("s")) > 2 * 900
     assert len(rollout["restartTriggers"]) == 2  # each instance's unit: a switch that changes one restarts it
     restart = evaluate(instances)["services"]  # no router: NixOS restarts them, as before
     assert "dflash-rollout" not in restart and restart["dflash-a"]["restartIfChanged"] is True
 
 
 def test_a_host_can_choose_either_way_and_tune_the_rollout():
-    host = '{ services.dflash.upgrade = "rolling"; services.dflash.rollout = { batch = 2; requireIdentical = true; }; }'
+    host = ('{ services.dflash.upgrade = "rolling"; services.dflash.rollout = { batch = 2; waitForVerdict = false; '
+            'canary = { minSpeedRatio = 0.7; expect = [ "stack" ]; }; }; }')
     out = evaluate({"a": QWEN}, host=host)["services"]
     argv = out["dflash-rollout"]["serviceConfig"]["ExecStart"].split()
-    assert "--no-router" in argv and argv[argv.index("--batch") + 1] == "2" and "--require-identical" in argv
+    assert "--no-router" in argv and argv[argv.index("--batch") + 1] == "2"
+    assert argv[argv.index("--canary-min-speed-ratio") + 1] == "0.7"
+    assert argv[argv.index("--canary-expect") + 1] == "stack"
+    assert out["dflash-rollout"]["serviceConfig"]["Type"] == "notify"
+    for bad in ("canary.minSpeedRatio = 1.0;", "canary.tokens = 1000000000;", 'canary.expect = [ "nothing" ];'):
+        with pytest.raises(Refused) as e:
+            evaluate({"a": QWEN}, host=f'{{ services.dflash.upgrade = "rolling"; services.dflash.rollout.{bad} }}')
+        assert "services.dflash.rollout.canary." in str(e.value) and "is not of type" in str(e.value), bad
+    # the old option: an assertion naming what replaced it (NixOS's mkRemovedOptionModule)
+    out = evaluate({"a": QWEN},
+                   host='{ services.dflash.upgrade = "rolling"; services.dflash.rollout.requireIdentical = true; }')
+    [message] = [m for m in out["failedAssertions"] if "requireIdentical" in m]
+    assert "no longer has any effect" in message and "services.dflash.rollout.canary.expect" in message
     out = evaluate({"a": QWEN}, host='{ services.dflash.upgrade = "restart"; }', router={"enable": True})
     assert "dflash-rollout" not in out["services"] and out["services"]["dflash-a"]["restartIfChanged"] is True
     with pytest.raises(Refused) as e:

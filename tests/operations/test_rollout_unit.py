@@ -17,6 +17,7 @@ import nix_unit
 import pytest
 from conftest import nix_or_skip
 from dflashctl import cli
+from dflashctl.operations import unit_data
 from nixeval import eval_json, nix_env
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -27,9 +28,12 @@ QWEN = {"model": "Qwen/Qwen3-8B", "draftModel": "z-lab/Qwen3-8B-DFlash-b16",
         "speculative": {"algorithm": "DFLASH"}}
 
 
-def rollout_unit(instances: dict, rollout: dict, router: bool = True, dflashctl: str = "/opt/dflash/bin/dflashctl") -> dict:
+def rollout_unit(instances: dict, rollout: dict, router: bool = True, dflashctl: str = "/opt/dflash/bin/dflashctl",
+                 drain_sec: int = 30) -> dict:
     """The rollout unit as NixOS writes it ({ Unit, Service, Install }) for `instances` as a host
-    writes them (unset options defaulted), and its restartTriggers."""
+    writes them (unset options defaulted), and its restartTriggers. `rollout`: services.dflash.rollout
+    as a host sets it, over the module's defaults (DEFAULTS)."""
+    rollout = {**DEFAULTS, **rollout, "canary": {**DEFAULTS["canary"], **rollout.get("canary", {})}}
     nix_or_skip()
     full = {n: nix_unit.full_options(n, o) for n, o in instances.items()}
     expr = f"""
@@ -41,6 +45,7 @@ def rollout_unit(instances: dict, rollout: dict, router: bool = True, dflashctl:
           dflashctl = "{dflashctl}";
           instancesFile = "/nix/store/00000000000000000000000000000000-dflash-instances.json";
           routerSettingsFile = {'"/etc/dflash-router.json"' if router else "null"};
+          drainSec = {drain_sec if router else 0};
           inherit instances;
           instanceEntries = builtins.mapAttrs (name: i: s.entry {{
             inherit name; instance = i; dflashctl = "{dflashctl}"; python = "/opt/env/bin/python";
@@ -59,7 +64,10 @@ def rollout_unit(instances: dict, rollout: dict, router: bool = True, dflashctl:
     return json.loads(r.stdout)
 
 
-DEFAULTS = {"batch": 1, "healthyForSec": 10, "requireIdentical": False}
+# services.dflash.rollout's defaults as the module declares them (checked against the module below)
+CANARY = unit_data.canary_data()
+DEFAULTS = {"batch": 1, "healthyForSec": 10, "waitForVerdict": True,
+            "canary": {"enable": True, "expect": [], **CANARY["defaults"]}}
 
 
 def parsed(exec_start: str):
@@ -67,21 +75,99 @@ def parsed(exec_start: str):
     return cli.build_parser(argv[1:]).parse_args(argv[1:])
 
 
+def rollout_takes_the_canary_flags() -> bool:
+    try:
+        cli.build_parser(["rollout"]).parse_args(["rollout", "--canary-repeats", "3"])
+    except (cli.UsageError, SystemExit):
+        return False
+    return True
+
+
+CANARY_WIRED = pytest.mark.xfail(
+    not rollout_takes_the_canary_flags(), strict=True,
+    reason="`dflashctl rollout` does not take canary.add_arguments' flags until the rollout's canary "
+           "(branch r1-rollout) is merged")
+
+
+def seconds(value: str) -> int:
+    assert value.endswith("s"), value
+    return int(value[:-1])
+
+
+def worst_case_sec(instances: dict, rollout: dict, drain_sec: int) -> int:
+    """The whole rollout's bound, from dflashctl's own figures: each instance's drain, two canary
+    readings (every prompt asked repeats + 1 times, each within canary.request_limit), its start
+    (startTimeoutSec + the unit's margin), the healthy hold and the rollout unit's margin."""
+    import math
+    from dflashctl.operations import canary
+    from dflashctl.service import config
+    from dflashctl.service.unit_text import unit_data as service_unit_data
+    c = rollout["canary"]
+    reading = c["prompts"] * (c["repeats"] + 1) * canary.request_limit(c["tokens"]) if c["enable"] else 0
+    data = unit_data.rollout_unit_data()
+    per = [drain_sec + 2 * reading + config.from_dict(o, n).start_timeout_sec
+           + service_unit_data()["timeoutStartMarginSec"] + rollout["healthyForSec"] + data["perInstanceMarginSec"]
+           for n, o in instances.items()]
+    return math.ceil(sum(per) + data["stopMarginSec"])
+
+
+@CANARY_WIRED
 def test_the_command_line_is_one_dflashctl_accepts_with_the_settings_asked_for():
-    d = rollout_unit({"a": QWEN, "b": {**QWEN, "port": 30001, "startTimeoutSec": 1800}},
-                     {"batch": 2, "healthyForSec": 30, "requireIdentical": True})
+    from dflashctl.operations import canary
+    two = {"a": QWEN, "b": {**QWEN, "port": 30001, "startTimeoutSec": 1800}}
+    asked = {"batch": 2, "healthyForSec": 30,
+             "canary": {"prompts": 8, "tokens": 256, "repeats": 5, "minAcceptRatio": 0.85, "minSpeedRatio": 0.7,
+                        "expect": ["stack", "drafter"]}}
+    d = rollout_unit(two, asked)
     args = parsed(d["Service"]["ExecStart"])
     assert args.command == "rollout" and args.func.__module__ == "dflashctl.operations.rollout"
     assert args.instance == ["/nix/store/00000000000000000000000000000000-dflash-instances.json"]
     assert args.router == "/etc/dflash-router.json" and not args.no_router
-    assert (args.batch, args.healthy_for, args.require_identical, args.resume) == (2, 30.0, True, True)
+    # --batch: the rollout's own dest for it (max_unavailable, where it became an alias of that)
+    batch = vars(args).get("max_unavailable", vars(args).get("batch"))
+    assert (batch, args.healthy_for, args.resume) == (2, 30.0, True)
+    assert canary.settings_of(args) == canary.CanarySettings(
+        prompts=8, tokens=256, repeats=5, min_accept_ratio=0.85, min_speed_ratio=0.7,
+        expect_change=frozenset({"stack", "drafter"}))
     assert d["Unit"]["After"] == ["dflash-router.service", "dflash-a.service", "dflash-b.service"]
     # SIGTERM finishes the batch in progress: the slowest start (1800 s + the unit's margin) and more
-    assert int(d["Service"]["TimeoutStopSec"].rstrip("s")) > 1800 + 30
-    assert d["Service"]["Type"] == "notify" and d["Service"]["Restart"] == "no"
+    assert seconds(d["Service"]["TimeoutStopSec"]) > 1800 + 30 + 2 * 8 * 6 * canary.request_limit(256)
+    assert d["Service"]["Restart"] == "no"
 
-    plain = parsed(rollout_unit({"a": QWEN}, DEFAULTS, router=False)["Service"]["ExecStart"])
-    assert plain.no_router and plain.router is None and not plain.require_identical
+    # the defaults: the canary as dflashctl's own defaults, and the switch waits for the verdict
+    plain = rollout_unit({"a": QWEN}, {}, router=False)
+    args = parsed(plain["Service"]["ExecStart"])
+    assert args.no_router and args.router is None
+    assert canary.settings_of(args) == canary.CanarySettings()
+
+    off = parsed(rollout_unit({"a": QWEN}, {"canary": {"enable": False}})["Service"]["ExecStart"])
+    assert canary.settings_of(off) == canary.CanarySettings(enabled=False)
+
+
+@pytest.mark.parametrize("router", [True, False])
+def test_the_switch_waits_for_the_verdict_within_every_instances_worst_case(router):
+    """waitForVerdict (the default): Type=oneshot, so systemd's start job, and with it the switch, ends
+    when the rollout exits and fails when it exits non-zero; TimeoutStartSec covers every instance."""
+    three = {"a": QWEN, "b": {**QWEN, "port": 30001, "startTimeoutSec": 1800},
+             "c": {**QWEN, "port": 30002, "startTimeoutSec": 60}}
+    asked = {"healthyForSec": 20, "canary": {"prompts": 2, "tokens": 64, "repeats": 1}}
+    d = rollout_unit(three, asked, router=router, drain_sec=45)
+    assert d["Service"]["Type"] == "oneshot"
+    want = worst_case_sec(three, {**DEFAULTS, **asked, "canary": {**DEFAULTS["canary"], **asked["canary"]}},
+                          45 if router else 0)
+    assert seconds(d["Service"]["TimeoutStartSec"]) == want
+    # more than the three starts alone; each instance's own deadlines end a step well before
+    assert want > 900 + 1800 + 60
+    # a canary that asks more (or none) moves the bound with it
+    more = rollout_unit(three, {**asked, "canary": {"prompts": 4, "tokens": 64, "repeats": 1}}, router=router)
+    none = rollout_unit(three, {**asked, "canary": {"enable": False}}, router=router)
+    assert seconds(none["Service"]["TimeoutStartSec"]) < want < seconds(more["Service"]["TimeoutStartSec"])
+
+
+def test_without_waiting_the_switch_returns_once_the_plan_is_made():
+    d = rollout_unit({"a": QWEN}, {"waitForVerdict": False})
+    assert d["Service"]["Type"] == "notify" and d["Service"]["NotifyAccess"] == "main"
+    assert "TimeoutStartSec" not in d["Service"]  # READY=1 comes once the plan is made: systemd's default
 
 
 def test_a_change_of_one_instance_changes_its_trigger_and_nothing_else():
@@ -116,15 +202,43 @@ def test_systemd_accepts_the_rollout_unit(tmp_path):
 
 
 def test_the_module_declares_upgrade_and_rollout_with_dflashctls_defaults():
+    from dflashctl.operations.canary_verdict import EXPECT, CanarySettings
     declared = eval_json(nix_or_skip(), REPO / "tests" / "nix" / "harness" / "module-options.nix")
     assert declared["upgrade"]["values"] == ["rolling", "restart"]
     assert declared["upgrade"]["defaultText"] == \
         'if config.services.dflash.router.enable then "rolling" else "restart"'
     defaults = cli.build_parser(["rollout"]).parse_args(["rollout"])  # what `dflashctl rollout` does alone
     options = declared["rollout"]
-    assert options["batch"]["default"] == defaults.batch
-    assert options["healthyForSec"]["default"] == defaults.healthy_for
-    assert options["requireIdentical"]["default"] is defaults.require_identical is False
+    assert options["batch"]["default"] == vars(defaults).get("max_unavailable", vars(defaults).get("batch")) == 1
+    assert options["healthyForSec"]["default"] == defaults.healthy_for == DEFAULTS["healthyForSec"]
+    assert options["waitForVerdict"] == {"type": "bool", "default": True, "hasDefault": True, "values": None}
+    # the canary: dflashctl's defaults and bounds (data/canary.json, which both read)
+    c = declared["canary"]
+    assert {k: c[k]["default"] for k in c} == DEFAULTS["canary"]
+    settings = CanarySettings()
+    assert (c["prompts"]["default"], c["tokens"]["default"], c["repeats"]["default"], c["minAcceptRatio"]["default"],
+            c["minSpeedRatio"]["default"], c["enable"]["default"]) == \
+        (settings.prompts, settings.tokens, settings.repeats, settings.min_accept_ratio, settings.min_speed_ratio,
+         settings.enabled)
+    assert {k: c[k]["bounds"] for k in CANARY["bounds"]} == CANARY["bounds"]
+    assert c["expect"]["values"] == sorted(EXPECT)
+    # the old switch is refused with what replaces it
+    [removed] = declared["removed"]
+    assert removed["removed"] == ["services", "dflash", "rollout", "requireIdentical"]
+    assert "services.dflash.rollout.canary.expect" in removed["replacement"]
+
+
+def test_a_host_still_setting_require_identical_is_told_what_replaced_it():
+    import nixos_host
+    host = nixos_host.host_config({"a": QWEN}, {}, "rolling", {"requireIdentical": True})
+    r = subprocess.run(["nix-instantiate", "--eval", "--strict", "--json", str(nixos_host.HOST_UNITS),
+                        "--argstr", "hostJSON", json.dumps(host), "--argstr", "packagesJSON", "{}"],
+                       capture_output=True, text=True, env=nix_env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    [message] = json.loads(r.stdout)["failedAssertions"]
+    assert message.startswith("The option definition `services.dflash.rollout.requireIdentical' no longer has any "
+                              "effect; please remove it.")
+    assert 'services.dflash.rollout.canary.expect = [ "outputs" ]' in message
 
 
 # --- nixos-rebuild switch over a whole host: which units it restarts, from the module's pure functions --

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -134,20 +135,34 @@ def test_a_restart_that_does_not_start_the_new_build_is_caught(host, tmp_path):
     assert upgrade_build.current(host.root) == host.first.id  # current back where the instances are
 
 
-def test_units_for_a_new_build_name_it_and_are_put_back(tmp_path, pip_env):
+@pytest.fixture
+def unit_visible_dir():
+    """A directory a unit's sandbox can see: the renderer refuses a build under /tmp, /home or /root
+    (PrivateTmp, ProtectHome), wherever the test's own temporary directory happens to be."""
+    base = Path("/var/lib/dflash-tests")
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(dir=base))
+    except OSError as e:
+        pytest.skip(f"needs a writable directory outside /tmp, /home and /root ({base}: {e.strerror})")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_units_for_a_new_build_name_it_and_are_put_back(tmp_path, pip_env, unit_visible_dir):
     """Under systemd the units change with the build (so the rollout sees them out of date) and a
     stopped rollout gets the old ones back."""
-    build = upgrade_build.pip_build(tmp_path / "opt", str(reqs(tmp_path, "v1")), None, "/usr/bin/python3")
+    build = upgrade_build.pip_build(unit_visible_dir / "opt", str(reqs(tmp_path, "v1")), None, "/usr/bin/python3")
     # The glue in the build, as --glue installs it: dflashctl importable from the build's interpreter.
     site = next((build.path / "lib").glob("python3*/site-packages"))
     (site / "dflashctl-source.pth").write_text(str(REPO / "python") + "\n")
     exe = build.path / "bin" / "dflashctl"
     exe.write_text(f"#!{build.python}\nimport sys\nfrom dflashctl.cli import main\nsys.exit(main())\n")
     exe.chmod(0o755)
-    f = tmp_path / "etc" / "gpu0.json"
+    f = unit_visible_dir / "etc" / "gpu0.json"
     f.parent.mkdir()
     f.write_text(json.dumps({"name": "gpu0", "model": "standin-model", "port": 30000}))
-    units = tmp_path / "units"
+    units = unit_visible_dir / "units"
     units.mkdir()
     (units / "dflash-gpu0.service").write_text("the old unit\n")
     before = upgrade.write_units(build, [str(f)], units)

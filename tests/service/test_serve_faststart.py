@@ -1,8 +1,8 @@
 """The fast start through `dflashctl serve` and the stand-in SGLang, whose server process spawns a
 scheduler and a detokenizer as SGLang 0.5.11 does, each importing standin_heavy.py (which logs
-every import by pid): with `fastStart` (the default) the children are forked from the template and
+every import by pid): with `fastStart = true` the children are forked from the template and
 import nothing again; they stay the server's own children in serve's process group; a child's
-failure reaches serve as it does without; `fastStart = false` is SGLang's spawn, untouched."""
+failure reaches serve as it does without; off (the default) is SGLang's spawn, untouched."""
 
 import json
 import os
@@ -70,7 +70,7 @@ def _stop(proc) -> str:
 
 
 def test_children_forked_from_the_template_import_nothing_again(started):
-    proc, pids, imports = started(None)  # the default: on
+    proc, pids, imports = started(True)
     server = _server_pid(proc)
     assert pids["scheduler"] not in imports and pids["detokenizer"] not in imports
     assert server in imports and len(imports) == 2  # the server itself, and the template once
@@ -83,8 +83,9 @@ def test_children_forked_from_the_template_import_nothing_again(started):
         assert _ended(pid), f"serve's stop left {pid} of the instance running"
 
 
-def test_off_spawns_as_sglang_does(started):
-    proc, pids, imports = started(False)
+@pytest.mark.parametrize("fast", [None, False])  # None: the default, off until measured on a GPU host
+def test_off_spawns_as_sglang_does(started, fast):
+    proc, pids, imports = started(fast)
     server = _server_pid(proc)
     assert sorted(imports) == sorted([server, pids["scheduler"], pids["detokenizer"]])  # each imports
     for pid in (pids["scheduler"], pids["detokenizer"]):
@@ -97,12 +98,14 @@ def test_off_spawns_as_sglang_does(started):
 def test_a_failing_child_reaches_serve_within_a_second(started, tmp_path, fast):
     """The scheduler raises after ready and signals its parent (psutil's parent() in SGLang): that
     must be the server, which then ends the instance; serve reports it."""
-    proc, pids, _ = started(fast, scheduler_fail_after=1.0, death_file=tmp_path / "died")
+    proc, pids, imports = started(fast, scheduler_fail_after=1.0, death_file=tmp_path / "died")
     _, err = proc.communicate(timeout=NEVER)
     seen = time.time()
     assert proc.returncode == errors.SERVER_DIED_AFTER_READY, err
     assert "Received sigquit from a child process" in err
     assert seen - float((tmp_path / "died").read_text()) < 1.0
+    for pid in {pids["scheduler"], pids["detokenizer"], *imports}:  # the server, the template, the children
+        assert _ended(pid), f"{pid} of the instance outlived serve"
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -117,3 +120,25 @@ def test_a_killed_child_is_seen_by_the_server_watchdog(started, fast):
     assert proc.returncode == errors.SERVER_DIED_AFTER_READY, err
     assert "Subprocess detokenizer" in err and "crashed with exit code -9" in err
     assert took < 2.5  # the watchdog's second, serve's poll, the process tree's end
+
+
+def test_a_crash_while_the_template_still_imports_ends_the_instance_at_once(serve, tmp_path):
+    """The server dies (SIGKILL) while its first child waits for a template whose import never ends:
+    serve reports it at once and nothing is left (the template dies with the server)."""
+    (tmp_path / "stuck_import.py").write_text(
+        "import os, time\nopen(os.environ['STUCK_PIDFILE'], 'w').write(str(os.getpid()))\ntime.sleep(3600)\n")
+    preload = tmp_path / "preload.json"
+    preload.write_text(json.dumps({"preload": ["stuck_import"]}))
+    pidfile = tmp_path / "template.pid"
+    proc = serve("healthy", ["--skip-preflight"], settings={"fastStart": True},
+                 environment={"DFLASH_FASTSTART": str(preload), "PYTHONPATH": str(tmp_path),
+                              "STUCK_PIDFILE": str(pidfile)})
+    end = time.monotonic() + NEVER
+    while not (pidfile.exists() and pidfile.read_text()) and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.05)
+    template = int(pidfile.read_text())
+    os.kill(_server_pid(proc), signal.SIGKILL)
+    _, err = proc.communicate(timeout=NEVER)  # the server would have waited 30 s for the template
+    assert proc.returncode == errors.SERVER_DIED_BEFORE_READY, err
+    assert "exited with status -9 (killed by SIGKILL) before it was ready" in err
+    assert _ended(template), "the template outlived the instance"

@@ -364,13 +364,34 @@ def test_a_hang_is_cut_short_by_stall_detection(deploy):
     assert "got signal 15" in inst.read(inst.sglang_log)  # the stalled child was stopped
 
 
-def test_stop_leaves_no_process_behind(deploy):
-    """Two helpers that ignore SIGTERM in SGLang's process group: dflashctl must still end them."""
-    inst = deploy("stop", standin={"children": 2})
+def _role(cmd: str) -> str:
+    """What a process of an instance is, from its command line."""
+    if "dflashctl serve" in cmd:
+        return "serve"
+    if "standin_server.py" in cmd:
+        return "stand-in"  # the server and the helpers it forked
+    if "--multiprocessing-fork" in cmd:
+        return "spawned child"  # multiprocessing's spawn: SGLang's scheduler and detokenizer
+    if "multiprocessing.resource_tracker" in cmd:
+        return "resource tracker"  # started by multiprocessing with the first spawned child
+    if "dflash_faststart" in cmd:
+        return "template"  # the fast start's, and the children forked from it (its command line)
+    return cmd
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["spawn", "faststart"])
+def test_stop_leaves_no_process_behind(deploy, fast):
+    """Two helpers that ignore SIGTERM in SGLang's process group, beside the scheduler and the
+    detokenizer (spawned, or forked from the fast start's template): dflashctl must still end them."""
+    inst = deploy("stopf" if fast else "stop", standin={"children": 2}, settings={"fastStart": fast})
     assert inst.start().returncode == 0
     before = inst.processes()
     main = int(inst.show("MainPID")["MainPID"])
-    assert len(before) == 4, before  # dflashctl serve, the stand-in, its two helpers
+    roles = sorted(_role(p["cmd"]) for p in before)
+    if fast:  # the template and the scheduler and detokenizer forked from it share its command line
+        assert roles == ["resource tracker", "serve"] + ["stand-in"] * 3 + ["template"] * 3, before
+    else:
+        assert roles == ["resource tracker", "serve"] + ["spawned child"] * 2 + ["stand-in"] * 3, before
     assert any(p["pid"] == main and "dflashctl serve" in p["cmd"] for p in before), before
     r = inst.systemctl("stop", inst.unit)
     assert r.returncode == 0, r.stderr
@@ -378,7 +399,7 @@ def test_stop_leaves_no_process_behind(deploy):
     assert view == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0", "MainPID": "0"}, view
     assert inst.processes() == []
     left = {pid: cmd for pid, cmd in all_processes(inst.c).items()
-            if pid in {p["pid"] for p in before} or "standin_server" in cmd}
+            if pid in {p["pid"] for p in before} or "standin_server" in cmd or "dflash_faststart" in cmd}
     assert left == {}, left
     journal = inst.journal()
     assert "SGLang stopped with status 0" in journal

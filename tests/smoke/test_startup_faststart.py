@@ -7,6 +7,7 @@ from dflashctl.smoke import startup
 
 LAUNCHED = dt.datetime(2026, 12, 3, 15, 0, 48)
 LOG = """[2026-12-03 15:00:40.000] [dflash faststart] template ready: 3 modules imported in 1.0 s (first a)
+[2026-12-03 15:00:52.000] [dflash faststart] template: transformers:AutoProcessor left out: its import tried to initialise CUDA (torch._C._cuda_init); starting over without it
 [2026-12-03 15:00:59.500] [dflash faststart] template ready: 168 modules imported in 9.8 s (first torch, transformers)
 [2026-12-03 15:01:00.000] server_args=ServerArgs(model_path='x')
 [2026-12-03 15:01:00.100] [dflash faststart] scheduler_0: forked from the template (pid 5)
@@ -18,6 +19,8 @@ LOG = """[2026-12-03 15:00:40.000] [dflash faststart] template ready: 3 modules 
 def test_the_children_and_the_template_are_read_from_this_start_only():
     r = startup.phases(LOG, LAUNCHED, 20.0)
     assert r["faststart"] == {"template_s": 9.8, "modules": 168, "unusable": None, "forked": ["scheduler_0"],
+                              "left_out": {"transformers:AutoProcessor": "its import tried to initialise CUDA "
+                                                                         "(torch._C._cuda_init)"},
                               "spawned": {"detokenizer": "LD_PRELOAD changed since the template started "
                                                          "(read at exec only)"}}
     assert r["seconds"]["scheduler_start"] == 2.0
@@ -27,11 +30,10 @@ def test_the_children_and_the_template_are_read_from_this_start_only():
 
 
 def test_off_has_no_note_and_an_unusable_template_says_why():
-    plain = "\n".join(LOG.splitlines()[2:3] + LOG.splitlines()[5:])
+    plain = "\n".join(LOG.splitlines()[3:4] + LOG.splitlines()[6:])
     assert startup.phases(plain, LAUNCHED, 20.0)["faststart"] is None
-    unusable = ("[2026-12-03 15:00:59.000] [dflash faststart] template not usable: importing torch: it "
-                "initialises CUDA (torch._C._cuda_init): a fork after it could not use the GPU; SGLang spawns "
-                "its children as before\n") + plain
+    unusable = ("[2026-12-03 15:00:59.000] [dflash faststart] template not usable: a child forked from the "
+                "template could not initialise CUDA (cuInit answered 3); SGLang spawns its children as before\n") + plain
     f = startup.phases(unusable, LAUNCHED, 20.0)["faststart"]
-    assert f["template_s"] is None and f["unusable"].startswith("importing torch: it initialises CUDA")
-    assert startup.faststart_text(f).startswith("fast start not used: importing torch")
+    assert f["template_s"] is None and f["unusable"].startswith("a child forked from the template could not")
+    assert startup.faststart_text(f).startswith("fast start not used: a child forked from the template")

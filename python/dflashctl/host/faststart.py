@@ -3,11 +3,13 @@
 The mechanism runs inside SGLang's processes (kernel_hook/dflash_faststart.py, standard library
 only; docs/INTERNALS.md, "The fast start"). Here: `provide(env, on)` gives the SGLang child's
 environment the start-up hook and $DFLASH_FASTSTART (the preload list shipped for SGLang 0.5.11,
-data/sglang-0.5.11-preload.json, or a list the instance's `environment` names), or takes it away
-when the instance's `fastStart` is false; `check` is doctor's `faststart` line from the stack's
-interpreter trying it once (probe_child.probe_faststart).
+data/sglang-0.5.11-preload.json, or a list the instance's `environment` names) when the instance's
+`fastStart` is true, or takes it away when false (the default until a GPU host's measurement shows
+it helps: docs/benchmarks.md); `check` is doctor's `faststart` line from the stack's interpreter
+trying it once with that list (probe_child.probe_faststart).
 """
 
+import json
 from pathlib import Path
 
 from dflashctl.host import kernels, probes, sglang_0_5_11
@@ -29,20 +31,30 @@ def provide(env: dict[str, str], on: bool) -> dict[str, str]:
     return kernels.hook_on_path(env) if env[ENV] != "0" else env
 
 
+def probe_arg() -> str:
+    """What doctor's probe gets: the hook's directory and the preload list an instance would use."""
+    return json.dumps([str(kernels.HOOK_DIR), str(PRELOAD)])
+
+
 def check(r: dict) -> probes.Check:
-    """ok: this interpreter started a child through a template, as the server's own child; warn
-    with why not (SGLang then spawns its children as before: slower, nothing else changes)."""
+    """ok: a template imported the list here without touching CUDA and a child forked from it came
+    back as this process's own; warn with why not (with fastStart on, SGLang would then spawn its
+    children as before: slower, nothing else changes)."""
     f = r.get("facts", {})
+    left_out = ", ".join(e["entry"] for e in f.get("left_out") or [])
+    imported = (f"a template imported {f.get('preloaded')} modules of the list ({len(f.get('missing') or [])} "
+                f"not in this stack{'; left out: ' + left_out if left_out else ''})")
     if not r.get("ok"):
-        why, fix = f"could not try it: {probes.failure_text(r)}", "check that the stack's interpreter runs"
-    elif not f.get("ok"):
-        why, fix = f"not available here: {f.get('why')}", ("run SGLang on Linux with CPython 3.10 to 3.13, "
-                                                           "where prctl(PR_SET_CHILD_SUBREAPER) is allowed")
-    else:
-        return probes.ok("faststart", f"works here, on by default ({SETTING}): SGLang's scheduler and "
-                         "detokenizer fork from a template that imported their libraries beside the server "
-                         "(tried: a child forked as this process's own, in its process group)")
-    return probes.warn("faststart", f"{why}; SGLang spawns its children as before (each imports torch, "
-                       "transformers and SGLang again, about 12 s per start on an H200)",
-                       f"nothing is needed for SGLang to work; for the faster start, {fix}; {SETTING} = false "
-                       "turns the attempt off")
+        return probes.warn("faststart", f"could not try it: {probes.failure_text(r)}",
+                           f"check that the stack's interpreter runs; {SETTING} is off by default")
+    if not f.get("ok"):
+        fix = ("run SGLang on Linux with CPython 3.10 to 3.13, where prctl(PR_SET_CHILD_SUBREAPER) is allowed"
+               if "preloaded" not in f else
+               f"leave {SETTING} off here, or give the instance a preload list without the module named "
+               f"(environment DFLASH_FASTSTART = a file like {PRELOAD.name})")
+        return probes.warn("faststart", f"not usable here: {f.get('why')}; with {SETTING} = true SGLang "
+                           "spawns its children as before (each imports torch, transformers and SGLang "
+                           "again, about 12 s per start on an H200)", f"nothing is needed for SGLang to work; {fix}")
+    return probes.ok("faststart", f"available, off by default ({SETTING} = true turns it on): {imported} and "
+                     "a child forked from it came back as this process's own, in its process group (CUDA in "
+                     f"a forked test child: {f.get('fork_probe')})")

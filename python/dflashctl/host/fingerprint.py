@@ -33,7 +33,7 @@ DOCTOR_PROBES = {
     "flashinfer": ("flashinfer", ""), "soundfile": ("soundfile", ""), "transformers": ("transformers", ""),
     "sglang": ("sglang", ""), "nvcc": ("cuda_toolkit", ""), "gpus": ("gpus", gpus.LIBRARY),
     "bytecode": ("bytecode", ",".join(probes.BYTECODE_PACKAGES)),
-    "faststart": ("faststart", str(kernels.HOOK_DIR)),
+    "faststart": ("faststart", faststart.probe_arg()),
 }
 
 

@@ -618,12 +618,14 @@ def probe_bytecode(names, facts):
                                    "writable": os.access(root, os.W_OK)}
 
 
-def probe_faststart(hook_dir, facts):
+def probe_faststart(arg, facts):
     """The fast start tried once in this interpreter (kernel_hook/dflash_faststart.self_check): a
-    template, one child forked from it, whether the child is this process's own, in its group."""
+    template importing the preload list, one child forked from it, whether the child is this
+    process's own, in its group. `arg`: JSON [the hook's directory, the preload list's path]."""
+    hook_dir, preload_list = json.loads(arg)
     sys.path.insert(0, hook_dir)
     import dflash_faststart
-    facts.update(dflash_faststart.self_check())
+    facts.update(dflash_faststart.self_check(preload_list))
 
 
 def probe_crash(_, facts):  # used by the tests: a native crash, as a broken extension would cause

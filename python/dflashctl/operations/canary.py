@@ -294,9 +294,9 @@ def _headers(api_key: str | None) -> dict:
 
 
 def request_limit(tokens: int) -> float:
-    """Seconds one canary request may take whole: a minute, plus a quarter second a token (a drafter
-    that accepts nothing makes each token a verify step of the whole target)."""
-    return 60.0 + 0.25 * tokens
+    """Seconds one canary request may take whole (data/canary.json's requestLimit, why there)."""
+    limit = DATA["requestLimit"]
+    return float(limit["baseSec"] + limit["perTokenSec"] * tokens)
 
 
 SILENCE_S = 120.0  # no byte from the instance for this long: it hangs, whatever the limit above

@@ -523,9 +523,10 @@ def run(args) -> int:
     cfgs = rollout_plan.load_instances(args.instance)
     env = dict(os.environ)
     rcfg, admin_key = rollout_plan.load_router(args.router, args.no_router, env)
-    control = Command(args.restart_command) if args.restart_command else Systemd()
-    keys = {c.name: read_api_key(c, env) for c in cfgs}
     state_dir = args.state_dir or rollout_state.default_dir()
+    # a restart command's output is kept as restart-<name>.log beside the state; progress while it runs
+    control = Command(args.restart_command, log_dir=state_dir, progress=say) if args.restart_command else Systemd()
+    keys = {c.name: read_api_key(c, env) for c in cfgs}
     with rollout_state.RolloutLock(state_dir) as lock:
         previous = lock.read()
         left_out = {n: v for n, v in (previous.get("left_out") or {}).items() if n in keys}

@@ -233,17 +233,23 @@ def _sample_http(s: InstanceSample, key: str | None) -> None:
         read_metrics(s)
 
 
+def scrape(url: str, missing: list[str]) -> Metrics | None:
+    """`url`/metrics as Prometheus reads it (no key: SGLang 0.5.11 and the router want none there);
+    None, with what went wrong added to `missing`, when it does not answer or is not its text."""
+    status, body = _get(url, "/metrics", None)
+    if status != 200:
+        missing.append(f"metrics: {url}/metrics does not answer "
+                       f"({f'HTTP {status}' if status else body.decode(errors='replace')[:120]})")
+        return None
+    try:
+        return Metrics.from_text(body.decode(errors="replace"))
+    except ParseError as e:
+        missing.append(f"metrics: {url}/metrics is not Prometheus text ({e})")
+        return None
+
+
 def read_metrics(s: InstanceSample) -> None:
-    status, body = _get(s.cfg.base_url, "/metrics", None)  # SGLang 0.5.11 wants no key there
-    s.metrics = None
-    if status == 200:
-        try:
-            s.metrics = Metrics.from_text(body.decode(errors="replace"))
-        except ParseError as e:
-            s.missing.append(f"metrics: {s.cfg.base_url}/metrics is not Prometheus text ({e})")
-    else:
-        s.missing.append(f"metrics: {s.cfg.base_url}/metrics answered "
-                         f"{f'HTTP {status}' if status else body.decode(errors='replace')[:120]}")
+    s.metrics = scrape(s.cfg.base_url, s.missing)
 
 
 def sample_router(cfg: RouterConfig, admin_key: str | None, key_problem: str | None,
@@ -267,16 +273,7 @@ def sample_router(cfg: RouterConfig, admin_key: str | None, key_problem: str | N
 
 def _router_metrics(s: RouterSample) -> None:
     url = "http://" + monitoring.target(s.cfg.metrics_host, s.cfg.metrics_port)  # where Prometheus scrapes it
-    status, body = _get(url, "/metrics", None)
-    s.metrics = None
-    if status == 200:
-        try:
-            s.metrics = Metrics.from_text(body.decode(errors="replace"))
-        except ParseError as e:
-            s.missing.append(f"metrics: {url}/metrics is not Prometheus text ({e})")
-    else:
-        s.missing.append(f"metrics: {url}/metrics does not answer "
-                         f"({f'HTTP {status}' if status else body.decode(errors='replace')[:120]})")
+    s.metrics = scrape(url, s.missing)
 
 
 def model_commit(cfg: InstanceConfig) -> str | None:

@@ -13,13 +13,22 @@ A command (`--restart-command`, hosts without systemd): run with {name} and {uni
 restarts the instance and returns once the old process has stopped (supervisorctl restart, docker
 restart and `systemctl restart` do), with a non-zero status if the restart failed. Readiness is then
 the instance's own /health_generate. Nothing tells whether an instance is out of date there.
+The command runs in its own session (its own process group) with its output going to a file, not a
+pipe: a child it leaves holding stdout (a `sleep`, a server started with `&`) can neither delay
+the rollout nor hang it. It ends when its own process exits, whatever its children still do; at its
+deadline, or when the rollout is told to stop, its whole process group is sent SIGTERM, then
+SIGKILL after KILL_GRACE_S, and the rollout goes on with rc 124 (130) and the end of its output.
 """
 
+import os
 import re
 import shlex
+import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from dflashctl.errors import CONFIG, DflashError
 from dflashctl.service.unit_text import unit_data
@@ -117,9 +126,63 @@ class Systemd:
                               f"see `systemctl status {unit}`")
 
 
+TIMED_OUT = 124  # as coreutils' timeout(1): the command ran past its deadline
+STOPPED = 130  # 128 + SIGINT: the rollout was told to stop while the command ran
+KILL_GRACE_S = 5.0  # SIGTERM to the group, then SIGKILL to what is left after this long
+PROGRESS_EVERY_S = 5.0
+TAIL_LINES = 15
+TAIL_BYTES = 64 * 1024  # the end of the output is read from here on: a chatty child cannot cost memory
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes (zombies left out: they hold nothing) of process group `pgid`, from /proc."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # it ended while we looked
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            found.append(int(entry.name))
+    return found
+
+
+def end_group(pgid: int, grace: float = KILL_GRACE_S) -> None:
+    """SIGTERM to every process of the group, SIGKILL to those still there after `grace` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not group_members(pgid):
+            return
+
+
+def last_lines(f, lines: int = TAIL_LINES) -> str:
+    """The last `lines` lines of what was written to the open file `f`."""
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(max(0, size - TAIL_BYTES))
+    text = f.read().decode(errors="replace")
+    if size > TAIL_BYTES:  # the first line read may be cut: drop it
+        text = text.split("\n", 1)[-1]
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
 class Command:
-    def __init__(self, template: str):
-        self.template = template
+    """`--restart-command`: `log_dir` keeps each instance's output as `restart-<name>.log` there (a server
+    the command starts with `&` writes on into it; without one it is an unnamed temporary file);
+    `progress(text)` gets a line every PROGRESS_EVERY_S while the command runs."""
+
+    def __init__(self, template: str, log_dir: str | Path | None = None, progress=None):
+        self.template, self.log_dir, self.progress = template, log_dir, progress
         try:
             shlex.split(template)
         except ValueError as e:
@@ -133,24 +196,59 @@ class Command:
     def argv(self, name: str, unit: str) -> list[str]:
         return [a.replace("{name}", name).replace("{unit}", unit) for a in shlex.split(self.template)]
 
-    def restart(self, name: str, unit: str, timeout: float, give_up=lambda: False) -> tuple[int, str]:
-        """(exit status, the end of its output); 124 when it ran past `timeout`, 130 when `give_up()`
-        turned true first (the command is then left to finish on its own)."""
-        argv = self.argv(name, unit)
-        try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        except FileNotFoundError:
-            return 127, f"{argv[0]}: command not found"
-        deadline = time.monotonic() + timeout
-        while True:
+    def log_path(self, name: str) -> Path | None:
+        return Path(self.log_dir) / f"restart-{name}.log" if self.log_dir is not None else None
+
+    def _output_file(self, name: str):
+        path = self.log_path(name)
+        if path is not None:
             try:
-                out, _ = proc.communicate(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if give_up():
-                    return 130, "interrupted while it ran"
-                if time.monotonic() >= deadline:
-                    proc.kill()
-                    proc.communicate()
-                    return 124, f"still running after {timeout:.0f} s"
-        return proc.returncode, "\n".join(out.strip().splitlines()[-15:])
+                return open(path, "w+b"), path
+            except OSError:  # the directory is not there or not ours: the output still has to go somewhere
+                pass
+        return tempfile.TemporaryFile(prefix=f"dflash-restart-{name}-"), None
+
+    def restart(self, name: str, unit: str, timeout: float, give_up=lambda: False, *, progress=None,
+                progress_every: float = PROGRESS_EVERY_S, kill_grace: float = KILL_GRACE_S) -> tuple[int, str]:
+        """(exit status, the end of its output): its own status once its own process exited (children it
+        left keep running); 124 when it ran past `timeout` seconds, 130 when `give_up()` turned true
+        first: in both its whole process group is ended (SIGTERM, then SIGKILL after `kill_grace`)."""
+        progress = progress or self.progress or (lambda text: None)
+        argv = self.argv(name, unit)
+        out, path = self._output_file(name)
+        with out:
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            except FileNotFoundError:
+                return 127, f"{argv[0]}: command not found"
+            except PermissionError:
+                return 126, f"{argv[0]}: permission denied (not executable)"
+            where = f" (its whole output: {path})" if path else ""
+            t0 = last_said = time.monotonic()
+            while True:
+                try:
+                    rc = proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                elapsed = time.monotonic() - t0
+                stop, late = give_up(), elapsed >= timeout
+                if stop or late:
+                    end_group(proc.pid, kill_grace)
+                    proc.wait()
+                    tail = last_lines(out)
+                    why = ("stopped: the rollout was told to stop" if stop
+                           else f"still running after {timeout:.0f} s")
+                    return (STOPPED if stop else TIMED_OUT), \
+                        f"{why}; its process group was ended{where}" + (f"; its last output:\n{tail}" if tail else "")
+                if time.monotonic() - last_said >= progress_every:
+                    last_said = time.monotonic()
+                    line = last_lines(out, 1)
+                    progress(f"{name}: the restart command has run {elapsed:.0f} s"
+                             + (f"; its last output: {line}" if line else "; no output yet"))
+            left = group_members(proc.pid)
+            if left:
+                progress(f"{name}: the restart command exited {rc} and left {len(left)} process(es) running in "
+                         f"its group (pids {', '.join(map(str, left))}){where}")
+            return rc, last_lines(out)

@@ -118,10 +118,12 @@ def register(subparsers) -> None:
                        help="let each server compile SGLang's JIT kernels one by one at first use, as "
                             "before (default: a helper compiles them in parallel while the servers import; "
                             "docs/smoke.md)")
+    start.add_argument("--fast-start", dest="fast_start", action="store_true",
+                       help="fork SGLang's scheduler and detokenizer from a template that imported their "
+                            "libraries beside the server (the instance setting fastStart = true; default: "
+                            "spawned as SGLang does, docs/smoke.md)")
     start.add_argument("--no-fast-start", dest="fast_start", action="store_false",
-                       help="spawn SGLang's scheduler and detokenizer as SGLang does (the instance setting "
-                            "fastStart = false; default: forked from a template that imported their "
-                            "libraries beside the server, docs/smoke.md)")
+                       help="spawn them as SGLang does (the default)")
     start.add_argument("--gpu", type=int, help="GPU index for the servers (default: CUDA_VISIBLE_DEVICES as is)")
     start.add_argument("--tp-size", type=positive_int, default=1,
                        help="tensor parallelism: every server on this many GPUs (--gpu, default 0, and the next "

@@ -110,12 +110,15 @@ def phases(log_text: str, launched: dt.datetime, ready_s: float | None = None) -
 
 FASTSTART_READY = re.compile(r"template ready: (\d+) modules imported in ([\d.]+) s")
 FASTSTART_CHILD = re.compile(r"^(\S+): (?:forked from the template|spawned: (.*))")
+FASTSTART_LEFT_OUT = re.compile(r"^template: (\S+) left out: (.*); starting over without it$")
 
 
 def faststart(log_text: str, since: dt.datetime | None = None) -> dict | None:
     """What the fast start's lines say (None: no line, it was off): the template's import seconds
-    (None when it was not usable, with why), the children forked and those spawned with why."""
-    found: dict = {"template_s": None, "modules": None, "unusable": None, "forked": [], "spawned": {}}
+    (None when it was not usable, with why), the entries of its list it left out and why (their
+    import reached CUDA or failed), the children forked and those spawned with why."""
+    found: dict = {"template_s": None, "modules": None, "unusable": None, "left_out": {}, "forked": [],
+                   "spawned": {}}
     seen = False
     for line in log_text.splitlines():
         m = STAMP.match(line.strip())
@@ -125,7 +128,10 @@ def faststart(log_text: str, since: dt.datetime | None = None) -> dict | None:
             continue
         seen, text = True, m.group(2)[len(dflash_faststart.TAG):].strip()
         ready, child = FASTSTART_READY.search(text), FASTSTART_CHILD.search(text)
-        if ready:
+        left_out = FASTSTART_LEFT_OUT.search(text)
+        if left_out:
+            found["left_out"][left_out.group(1)] = left_out.group(2)
+        elif ready:
             found["modules"], found["template_s"] = int(ready.group(1)), float(ready.group(2))
         elif text.startswith(("template not usable: ", "off: ")):
             found["unusable"] = text.split(": ", 1)[1]

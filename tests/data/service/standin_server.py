@@ -25,7 +25,8 @@ stand-in sets its own). For the systemd tier (tests/service/test_systemd.py), al
                       dlopens a shared library, as SGLang's first start does (exit 5 if that fails)
 Its processes start as SGLang 0.5.11's do (srt/entrypoints/engine.py): after its own imports it sets
 multiprocessing's `spawn` start method and starts a scheduler (which reports ready through a pipe)
-and a detokenizer with `mp.Process`, waits for the scheduler, then listens. Each of the three
+and a detokenizer with `mp.Process`, waits for the scheduler, then listens (what the mode does, a
+crash or a stall, runs from the server's start, beside its children's start). Each of the three
 imports standin_heavy.py (beside this file; skipped where it is not), which appends its pid to
 STANDIN_IMPORT_LOG. The children set PR_SET_PDEATHSIG against their parent and, on an exception,
 send their parent (psutil's `parent()` in SGLang) SIGQUIT; the server then kills its process tree
@@ -631,6 +632,14 @@ def start_children() -> None:
 
 def run_server() -> None:
     import_heavy()
+    # What the mode does runs from the server's start, beside its children's start (which a loaded
+    # machine or the fast start's template may make slow): a crash or a stall does not wait for them.
+    if mode == "crash":
+        threading.Thread(target=crash_later, daemon=True).start()
+    if mode == "die-after-ready":
+        threading.Thread(target=die_after_ready, daemon=True).start()
+    if mode == "stall":
+        threading.Thread(target=progress_then_stall, daemon=True).start()
     if os.environ.get("STANDIN_SGLANG_CHILDREN", "1") != "0" and mode != "silent":
         start_children()
     for _ in range(int(os.environ.get("STANDIN_CHILDREN", "0"))):
@@ -644,12 +653,6 @@ def run_server() -> None:
                 f.write(f"{os.getpid()} {os.getuid()}\n")
     if os.environ.get("STANDIN_JIT") == "1":
         jit_build()
-    if mode == "crash":
-        threading.Thread(target=crash_later, daemon=True).start()
-    if mode == "die-after-ready":
-        threading.Thread(target=die_after_ready, daemon=True).start()
-    if mode == "stall":
-        threading.Thread(target=progress_then_stall, daemon=True).start()
     if mode == "silent":
         while True:
             time.sleep(3600)

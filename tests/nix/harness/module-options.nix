@@ -4,14 +4,15 @@
 # choices with dflashctl's settings schema.
 let
   lib = import ./recording-lib.nix;
-  declarations = map (
+  modules = map (
     m:
-    (import m {
+    import m {
       inherit lib;
       config = throw "the option declarations must not read the configuration";
       pkgs = { };
-    }).options or { }
+    }
   ) (import ../../../nix/module.nix).imports;
+  declarations = map (m: m.options or { }) modules;
   # Each module declares its own part of services.dflash; none declares a part another does.
   module.options.services.dflash = builtins.foldl' (a: b: a // b) { } (
     map (o: o.services.dflash or { }) declarations
@@ -53,7 +54,25 @@ in
     values = module.options.services.dflash.upgrade.type.values;
     defaultText = module.options.services.dflash.upgrade.defaultText.literal;
   };
-  rollout = builtins.mapAttrs (_: declared) module.options.services.dflash.rollout;
+  rollout = builtins.mapAttrs (_: declared) (
+    removeAttrs module.options.services.dflash.rollout [ "canary" ]
+  );
+  canary = builtins.mapAttrs (
+    _: decl:
+    declared decl
+    // {
+      bounds =
+        if decl.type ? lo then
+          [
+            decl.type.lo
+            decl.type.hi
+          ]
+        else
+          null;
+    }
+  ) module.options.services.dflash.rollout.canary;
+  # mkRemovedOptionModule's (recording-lib.nix): each removed option's path and what it says instead
+  removed = builtins.concatMap (m: m.imports or [ ]) modules;
   # Their `enable` defaults read the host's services.prometheus / services.grafana: the text shown.
   prometheus = builtins.mapAttrs (_: declared) (
     removeAttrs module.options.services.dflash.prometheus [ "enable" ]

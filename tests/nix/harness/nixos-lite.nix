@@ -134,6 +134,33 @@ let
       in
       if substring 0 n s == prefix then substring n (stringLength s - n) s else s;
     getExe' = package: exe: "${package}/bin/${exe}";
+    # As NixOS's: the old option stays declared (without effect) and defining it fails an assertion
+    # that names it and says what to use instead.
+    mkRemovedOptionModule =
+      path: replacement:
+      { config, ... }:
+      let
+        name = builtins.concatStringsSep "." path;
+        at = builtins.foldl' (v: k: v.${k}) config path;
+        # the path's names, innermost first: the option is wrapped in one set per name
+        reversed = builtins.genList (i: builtins.elemAt path (builtins.length path - 1 - i)) (
+          builtins.length path
+        );
+      in
+      {
+        options = builtins.foldl' (inner: k: { ${k} = inner; }) (mkOption {
+          type = types.unspecified;
+          default = null;
+        }) reversed;
+        config.assertions = [
+          {
+            assertion = at == null;
+            message = ''
+              The option definition `${name}' no longer has any effect; please remove it.
+              ${replacement}'';
+          }
+        ];
+      };
   };
 
   isDerivation = v: isAttrs v && v.type or null == "derivation";

@@ -12,8 +12,10 @@ in
     bool = type "bool" { };
     package = type "package" { };
     port = type "port" { };
+    float = type "float" { };
     ints.positive = type "positive" { };
     ints.unsigned = type "unsigned" { };
+    ints.between = lo: hi: type "intBetween" { inherit lo hi; };
     numbers.between = lo: hi: type "between" { inherit lo hi; };
     numbers.positive = type "positiveNumber" { };
     strMatching = pattern: type "strMatching" { inherit pattern; };
@@ -23,5 +25,10 @@ in
     attrsOf = t: type "attrsOf" { of = t; };
     submodule = m: type "submodule" { module = m; };
     addCheck = t: _: t;
+  };
+  # NixOS's removed options: what it was and what to use instead, recorded
+  mkRemovedOptionModule = path: replacement: {
+    removed = path;
+    inherit replacement;
   };
 }

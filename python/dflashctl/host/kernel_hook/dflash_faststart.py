@@ -10,11 +10,15 @@ use `fork` instead: SGLang's import initialises CUDA (`torch.cuda.is_available()
 Here, the server process (the first process of an instance, the one that pops $DFLASH_FASTSTART)
 starts a *template* at once, beside its own imports. The template imports the libraries the
 children import (the list in the file $DFLASH_FASTSTART names: third-party modules only, SGLang's
-own modules touch CUDA at import) with CUDA fenced off, then checks it is safe to fork: CUDA not
-initialised (libcuda's `cuDeviceGetCount` answers CUDA_ERROR_NOT_INITIALIZED), torch not initialised
-and not marked for a bad fork, NVML shut down, one thread. When SGLang starts a child the spawn
-way, the server sends the template what spawn would send a fresh interpreter (its preparation data
-and the pickled process object, the file descriptors it carries) and its environment of that
+own modules touch CUDA at import) and must never initialise CUDA. Torch's way to it is fenced off
+while it imports, and after each entry it checks that CUDA is untouched (nothing reached the fence,
+torch not initialised, libcuda's `cuDeviceGetCount` still answering CUDA_ERROR_NOT_INITIALIZED): an
+entry that touched it, or whose import failed, is left out and the template starts over without it
+(a fresh exec; what an import did cannot be taken back). Then it checks it is safe to fork: NVML
+shut down, no GPU device open, a test child forked from it in which torch is willing and the
+driver's cuInit succeeds, one thread left once fork handlers ran. When SGLang starts a child the
+spawn way, the server sends the template what spawn would send a fresh interpreter (its preparation
+data and the pickled process object, the file descriptors it carries) and its environment of that
 moment; the template forks, and the child continues exactly as a spawned one does
 (`multiprocessing.spawn.prepare`, then `process._bootstrap`), without importing those libraries again.
 
@@ -28,9 +32,10 @@ What stays as with spawn:
   that differs from the template's start and that a preloaded module read while it was imported
   (recorded), or one only the loader or the interpreter read at exec (LD_*, PYTHON*, ...), or another
   executable (SGLang's numactl wrapper): that child is spawned as before, and the log says why.
-Anything the template cannot do (it died, it is not ready within READY_WAIT_S, CUDA was touched
-during its imports) falls back to spawn, with the reason in the log. Off: unset $DFLASH_FASTSTART
-(the instance setting `fastStart = false`).
+Anything the template cannot do (it died, it is not ready when the server has waited as long as it
+has itself run, a check above failed) falls back to spawn, with the reason in the log. The template
+dies with the server (PR_SET_PDEATHSIG). Off: unset $DFLASH_FASTSTART (the instance setting
+`fastStart = false`, the default until measured on a GPU host).
 """
 
 import ctypes
@@ -38,6 +43,7 @@ import datetime
 import io
 import json
 import os
+import signal
 import socket
 import struct
 import sys
@@ -47,10 +53,16 @@ ENV = "DFLASH_FASTSTART"  # the path of the preload list (JSON: {"preload": [...
 TAG = "[dflash faststart]"
 # Read by the dynamic loader, glibc or the interpreter once, at exec: a child must see them at start.
 EXEC_ONLY = ("LD_", "GLIBC_TUNABLES", "MALLOC_", "PYTHON")
-READY_WAIT_S = 300.0  # the template imports beside the server: it is almost always ready first
+# How long the server waits for the template at its first child: as long as the server itself has
+# run (a spawned child imports about what the server imported), at least READY_MIN_WAIT_S.
+READY_MIN_WAIT_S = 30.0
 REPARENT_WAIT_S = 10.0  # the middle process exits at once; this bounds a stuck start
+FORK_PROBE_WAIT_S = 60.0  # the test child's cuInit: well under a second on an H200
+MAX_LEFT_OUT = 3  # entries a template may leave out (starting over each time) before it gives up
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 CUDA_ERROR_NOT_INITIALIZED = 3
+CUDA_ERROR_NO_DEVICE = 100
 NVML_ERROR_UNINITIALIZED = 1
 MAX_FDS = 64
 PID = struct.Struct("!q")
@@ -126,27 +138,29 @@ class Server:
     def __init__(self, preload: list[str]):
         import subprocess
         import multiprocessing.spawn as spawn
+        self.started = time.monotonic()
         self.executable = os.fsdecode(spawn.get_executable())
         self.env = dict(os.environ)
         self.state: dict | None = None
         self.sock, theirs = socket.socketpair()
-        here = os.path.dirname(os.path.abspath(__file__))  # on PYTHONPATH already, unless doctor's check
-        boot = f"import sys; sys.path.append({here!r}); import dflash_faststart as f; f.template_main()"
-        argv = [self.executable, "-c", boot, str(theirs.fileno()), str(os.getpid()),
-                json.dumps({"preload": preload, "path0": _main_path_entry()})]
+        argv = _boot_argv(theirs.fileno(), os.getpid(), {"preload": preload, "path0": _main_path_entry()})
         self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                      env=self.env)
         theirs.close()
 
     def ready(self) -> dict:
-        """The template's report (read once; waits for it the first time a child starts)."""
+        """The template's report (read once; waits for it the first time a child starts, at most
+        as long as the server has run so far: past that, spawning is not slower)."""
         if self.state is None:
-            self.sock.settimeout(READY_WAIT_S)
+            wait = max(READY_MIN_WAIT_S, time.monotonic() - self.started)
+            self.sock.settimeout(wait)
             try:
                 line = _read_line(self.sock)
                 self.state = json.loads(line) if line else {"ok": False, "why": "the template exited"}
             except (OSError, ValueError) as e:
-                self.state = {"ok": False, "why": f"no word from the template in {READY_WAIT_S:.0f} s ({e})"}
+                self.proc.kill()  # it would only compete with the spawned children for the CPU
+                self.state = {"ok": False, "why": f"not ready {time.monotonic() - self.started:.0f} s after "
+                                                  f"the server's start (waited {wait:.0f} s: {e})"}
             self.sock.settimeout(None)
         return self.state
 
@@ -299,16 +313,27 @@ def _launch(popen, process_obj) -> int:
 
 # --- doctor's check ------------------------------------------------------------------------------
 
-def self_check() -> dict:
-    """For `dflashctl doctor`, in the stack's interpreter: one real child through a template that
-    preloads nothing but json, and whether it came back as this process's own child."""
+def self_check(preload_list: str) -> dict:
+    """For `dflashctl doctor`, in the stack's interpreter: a template that imports the preload list
+    an instance would use (the file `preload_list` names), one real child forked from it, and
+    whether it came back as this process's own child; the template's report with it."""
     global _server
     problem = become_subreaper() or _missing_internals()
     if problem:
         return {"ok": False, "why": problem}
+    try:
+        with open(preload_list) as f:
+            preload_entries = [str(m) for m in json.load(f)["preload"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return {"ok": False, "why": f"cannot read the preload list {preload_list} ({e})"}
     import multiprocessing as mp
-    _server = Server(["json"])
+    _server = Server(preload_entries)
     _route_spawn()
+    state = _server.ready()
+    report = {k: state.get(k) for k in ("seconds", "missing", "left_out", "fork_probe")}
+    report["preloaded"] = len(state.get("preloaded") or [])
+    if not state.get("ok"):
+        return {"ok": False, "why": f"the template is not usable: {state.get('why')}", **report}
     ctx = mp.get_context("spawn")
     reader, writer = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_report_parent, args=(writer,), name="faststart-check")
@@ -317,13 +342,13 @@ def self_check() -> dict:
     got = reader.recv() if reader.poll(30) else None
     child.join(30)
     forked = type(child._popen).__name__ == "_TemplatePopen"
-    state = _server.ready()
     if not forked:
-        return {"ok": False, "why": f"the test child was spawned: {_server.why_not() or 'it did not start'}"}
+        return {"ok": False, "why": f"the test child was spawned: {_server.why_not() or 'it did not start'}",
+                **report}
     if got != [os.getpid(), os.getpgid(0)] or child.exitcode != 0:
         return {"ok": False, "why": f"the test child reported {got} and exited {child.exitcode} "
-                                    f"(expected parent {os.getpid()}, group {os.getpgid(0)}, exit 0)"}
-    return {"ok": True, "why": None, "template_s": state.get("seconds")}
+                                    f"(expected parent {os.getpid()}, group {os.getpgid(0)}, exit 0)", **report}
+    return {"ok": True, "why": None, **report}
 
 
 def _report_parent(writer) -> None:
@@ -353,24 +378,58 @@ class _CudaFenced(RuntimeError):
     """Raised in the template where an import would initialise CUDA."""
 
 
+def _boot_argv(sock_fd: int, server_pid: int, spec: dict) -> list[str]:
+    """The template's command line (the server starts it so; a template that starts over re-runs it)."""
+    here = os.path.dirname(os.path.abspath(__file__))  # on PYTHONPATH already, unless doctor's check
+    boot = f"import sys; sys.path.append({here!r}); import dflash_faststart as f; f.template_main()"
+    return [os.fsdecode(sys.executable), "-c", boot, str(sock_fd), str(server_pid), json.dumps(spec)]
+
+
 def template_main() -> None:
-    """`python -c` entry point: argv = socket fd, server pid, JSON {"preload", "path0"}."""
+    """`python -c` entry point: argv = socket fd, server pid, JSON {"preload", "path0", "left_out"}."""
     sock = socket.socket(fileno=int(sys.argv[1]))
     server_pid, spec = int(sys.argv[2]), json.loads(sys.argv[3])
+    if _die_with(server_pid):
+        return  # the server is gone already
     if sys.path and sys.path[0] == "":
         sys.path[0] = spec["path0"]  # `-c` put the working directory first; the server has path0
     os.environ.pop(ENV, None)
-    state = preload(spec["preload"])
-    sock.sendall(json.dumps(state).encode() + b"\n")
+    env_at_start = dict(os.environ)
+    left_out = spec.get("left_out", [])
+    state = preload(spec["preload"], {e["entry"] for e in left_out})
+    state["left_out"] = left_out
+    bad = state.pop("start_over", None)
+    if bad is not None:
+        if len(left_out) < MAX_LEFT_OUT:  # start over in a fresh process without that entry
+            say(f"template: {bad['entry']} left out: {bad['why']}; starting over without it")
+            spec = dict(spec, left_out=left_out + [bad])
+            os.execve(sys.executable, _boot_argv(sock.fileno(), server_pid, spec), env_at_start)
+        state.update(ok=False, why=f"importing {bad['entry']}: {bad['why']} (and {len(left_out)} entries "
+                                   f"were left out already: {', '.join(e['entry'] for e in left_out)})")
+    try:
+        sock.sendall(json.dumps(state).encode() + b"\n")
+    except OSError:
+        return  # the server exited while we imported
     if not state["ok"]:
         say(f"template not usable: {state['why']}; SGLang spawns its children as before")
         return
     say(f"template ready: {len(state['preloaded'])} modules imported in {state['seconds']:.1f} s "
         f"(first {', '.join(state['preloaded'][:4])})")
-    say(f"template: {len(state['missing'])} of the list not in this stack; os.environ read whole while "
-        f"importing by {', '.join(state['env_iterated_by']) or 'nothing'}; NVML shut down "
-        f"{state['nvml_shutdowns']} time(s)")
+    say(f"template: {len(state['missing'])} of the list not in this stack; {len(left_out)} left out "
+        f"({', '.join(e['entry'] for e in left_out) or 'none'}); os.environ read whole while importing by "
+        f"{', '.join(state['env_iterated_by']) or 'nothing'}; NVML shut down {state['nvml_shutdowns']} time(s); "
+        f"a forked test child: {state['fork_probe']}")
     serve_forks(sock, server_pid)
+
+
+def _die_with(server_pid: int) -> bool:
+    """The template ends with the server (PR_SET_PDEATHSIG), also while it imports; True: the
+    server is gone already. (The children it forks do not inherit this: they are the server's.)"""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the server's closed socket still ends the template once it serves
+    return os.getppid() != server_pid
 
 
 class _RecordingEnviron(os._Environ):
@@ -393,34 +452,49 @@ class _RecordingEnviron(os._Environ):
         return super().__iter__()
 
 
-def preload(entries: list[str]) -> dict:
+def preload(entries: list[str], left_out: set[str] = frozenset()) -> dict:
     """Import each entry ("module" or "module:name", as `from module import name`) with CUDA fenced
-    off; the report the server decides by."""
+    off, checking after each that CUDA is still untouched; the report the server decides by. An
+    entry whose import tried to reach CUDA, or failed, ends the loop as `start_over` (what it left
+    behind cannot be taken back: the template starts over without it)."""
     real, started = os.environ, time.monotonic()
     recording = os.environ = _RecordingEnviron(real)
     fence: dict | None = None
-    done, missing, why = [], [], None
+    fired: list[str] = []  # what reached the fence, in order
+    done, missing, start_over = [], [], None
     try:
         for entry in entries:
+            if entry in left_out:
+                continue
             if "torch" in sys.modules and fence is None:
-                fence = _fence_cuda(sys.modules["torch"])
+                fence = _fence_cuda(sys.modules["torch"], fired)
             result = _import(entry)
+            touched = _cuda_touched(fired)
+            if touched:
+                start_over = {"entry": entry, "why": f"its import {touched}"}
+                break
             if result == "ok":
                 done.append(entry)
             elif result == "missing":
                 missing.append(entry)
             else:
-                why = f"importing {entry}: {result}"
+                start_over = {"entry": entry, "why": f"its import failed ({result})"}
                 break
     finally:
         os.environ = real
         for (holder, name), value in (fence or {}).items():
             setattr(holder, name, value)
-    shutdowns = _shutdown_nvml()
-    why = why or fork_safety_problem()
-    return {"ok": why is None, "why": why, "seconds": round(time.monotonic() - started, 3),
-            "preloaded": done, "missing": missing, "env_read": sorted(recording.read),
-            "env_iterated_by": sorted(recording.iterated_by), "nvml_shutdowns": shutdowns}
+    state = {"ok": False, "why": None, "seconds": None, "preloaded": done, "missing": missing,
+             "env_read": sorted(recording.read), "env_iterated_by": sorted(recording.iterated_by),
+             "nvml_shutdowns": 0, "fork_probe": None}
+    if start_over is not None:
+        state["start_over"] = start_over
+        return state
+    state["nvml_shutdowns"] = _shutdown_nvml()
+    state["why"], state["fork_probe"] = fork_safety_problem()
+    state["ok"] = state["why"] is None
+    state["seconds"] = round(time.monotonic() - started, 3)
+    return state
 
 
 def _import(entry: str) -> str:
@@ -431,22 +505,21 @@ def _import(entry: str) -> str:
         if name:
             getattr(imported, name)  # a lazy package (transformers) imports it here
         return "ok"
-    except _CudaFenced as e:
-        return f"it initialises CUDA ({e}): a fork after it could not use the GPU"
     except (ImportError, AttributeError):
         return "missing"  # not in this stack (or not a module): the child does without it too
-    except Exception as e:  # what it left half-done could differ from a fresh import: no template
+    except Exception as e:  # _CudaFenced among them; _cuda_touched says so first
         return f"{type(e).__name__}: {e}"
 
 
-def _fence_cuda(torch) -> dict:
+def _fence_cuda(torch, fired: list[str]) -> dict:
     """During the imports: torch answers is_available() from NVML (torch's own fork-safe check,
-    PYTORCH_NVML_BASED_CUDA_CHECK) and anything that would initialise CUDA raises. Returns what to
-    restore."""
+    PYTORCH_NVML_BASED_CUDA_CHECK) and anything that would initialise CUDA through torch raises
+    (and is noted in `fired`, even where the importer swallows the error). Returns what to restore."""
     saved = {}
 
     def fenced(what):
         def refuse(*args, **kwargs):
+            fired.append(what)
             raise _CudaFenced(what)
         return refuse
 
@@ -461,6 +534,36 @@ def _fence_cuda(torch) -> dict:
     return saved
 
 
+def _cuda_touched(fired: list[str]) -> str | None:
+    """After one import: how it reached CUDA (None: it did not). Through torch (the fence, even when
+    the importer caught the error: what it cached from that is wrong), or the driver itself (a
+    library calling cuInit directly, which no fence sees)."""
+    if fired:
+        return f"tried to initialise CUDA ({', '.join(dict.fromkeys(fired))})"
+    torch = sys.modules.get("torch")
+    if torch is not None and _torch_cuda_initialized(torch):
+        return "initialised CUDA through torch"
+    rc = _libcuda_state()
+    if rc is not None and rc != CUDA_ERROR_NOT_INITIALIZED:
+        return f"initialised CUDA in the driver (cuDeviceGetCount answered {rc})"
+    return None
+
+
+def _torch_cuda_initialized(torch) -> bool:
+    cuda = getattr(torch, "cuda", None)
+    return bool(cuda is not None and hasattr(cuda, "is_initialized") and cuda.is_initialized())
+
+
+def _libcuda_state() -> int | None:
+    """cuDeviceGetCount's answer where libcuda is loaded in this process (None: not loaded)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        return None
+    count = ctypes.c_int(0)
+    return cuda.cuDeviceGetCount(ctypes.byref(count))
+
+
 def _shutdown_nvml() -> int:
     """torch's NVML check initialises NVML and never shuts it down; a child must not share it."""
     try:
@@ -473,33 +576,105 @@ def _shutdown_nvml() -> int:
     return count
 
 
-def fork_safety_problem() -> str | None:
-    """Why forking this process now would hand a child a broken CUDA or a held lock (None: safe)."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
-    except OSError:
-        cuda = None  # not loaded: not initialised
-    if cuda is not None:
-        count = ctypes.c_int(0)
-        rc = cuda.cuDeviceGetCount(ctypes.byref(count))
-        if rc != CUDA_ERROR_NOT_INITIALIZED:
-            return f"CUDA was initialised during the imports (cuDeviceGetCount answered {rc})"
+def fork_safety_problem() -> tuple[str | None, str]:
+    """Why forking this process now would hand a child a broken CUDA or a held lock (None: safe),
+    and what a test child forked from it found. The test child is forked first: fork handlers
+    (OpenBLAS stops its thread pool before a fork) run, so the threads counted after it are the
+    ones a fork would really leave behind."""
+    rc = _libcuda_state()
+    if rc is not None and rc != CUDA_ERROR_NOT_INITIALIZED:
+        return f"CUDA was initialised during the imports (cuDeviceGetCount answered {rc})", "not tried"
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "torch initialised CUDA during the imports"
-    threads = len(os.listdir(f"/proc/{os.getpid()}/task"))
-    if threads != 1:
-        return f"{threads} threads run after the imports (a fork copies only one)"
-    if torch is not None and _child_in_bad_fork():
-        return "torch marked a forked child as unable to use CUDA (it counted devices during the imports)"
-    return None
+    if torch is not None and _torch_cuda_initialized(torch):
+        return "torch initialised CUDA during the imports", "not tried"
+    devices = _open_gpu_devices()
+    if devices:
+        return f"{', '.join(devices)} open after the imports (a CUDA or NVML handle a child would share)", "not tried"
+    probe = _fork_probe()
+    if probe.get("bad_fork"):
+        return "torch marks a child forked from the template as unable to use CUDA", probe["text"]
+    if probe.get("cuinit") not in (None, 0, CUDA_ERROR_NO_DEVICE):
+        return (f"a child forked from the template could not initialise CUDA (cuInit answered "
+                f"{probe['cuinit']})"), probe["text"]
+    if probe.get("count_rc") not in (None, 0):
+        return (f"in a child forked from the template CUDA initialised but cuDeviceGetCount answered "
+                f"{probe['count_rc']}"), probe["text"]
+    if probe.get("error"):
+        return f"a child forked from the template failed: {probe['error']}", probe["text"]
+    threads = _threads()
+    if len(threads) != 1:
+        return (f"{len(threads)} threads run after the imports ({', '.join(threads)}; a fork copies "
+                "only one)"), probe["text"]
+    return None, probe["text"]
 
 
-def _child_in_bad_fork() -> bool:
-    pid = os.fork()
+def _open_gpu_devices() -> list[str]:
+    found = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("/dev/nvidia"):
+                found.add(target)
+    except OSError:
+        pass
+    return sorted(found)
+
+
+def _threads() -> list[str]:
+    names = []
+    for task in sorted(os.listdir(f"/proc/{os.getpid()}/task")):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            names.append(task)
+    return names
+
+
+def _fork_probe() -> dict:
+    """Fork one test child that does what a scheduler does first: is torch willing, and does the
+    driver initialise in it (cuInit, where a driver is loadable; on a GPU host this is the proof)."""
+    import warnings
+    reader, writer = os.pipe()
+    with warnings.catch_warnings():  # Python 3.12 warns of threads here: counting them after is the point
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:
-        os._exit(1 if sys.modules["torch"].cuda._is_in_bad_fork() else 0)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+        os.close(reader)
+        found: dict = {}
+        try:
+            torch = sys.modules.get("torch")
+            found["bad_fork"] = bool(torch is not None and hasattr(torch, "cuda")
+                                     and hasattr(torch.cuda, "_is_in_bad_fork") and torch.cuda._is_in_bad_fork())
+            try:
+                cuda = ctypes.CDLL("libcuda.so.1")
+            except OSError:
+                cuda = None
+            if cuda is not None:
+                found["cuinit"] = cuda.cuInit(0)
+                if found["cuinit"] == 0:  # and the driver then answers for its devices
+                    count = ctypes.c_int(0)
+                    found["count_rc"] = cuda.cuDeviceGetCount(ctypes.byref(count))
+        except BaseException as e:
+            found["error"] = f"{type(e).__name__}: {e}"
+        os.write(writer, json.dumps(found).encode())
+        os._exit(0)
+    os.close(writer)
+    data = _read_exact(reader, 65536, FORK_PROBE_WAIT_S)
+    os.close(reader)
+    os.waitpid(pid, 0)
+    try:
+        found = json.loads(data) if data else {"error": "it died without a word"}
+    except ValueError:
+        found = {"error": f"it said {data[:200]!r}"}
+    cuinit = found.get("cuinit")
+    found["text"] = ("no CUDA driver to try" if cuinit is None and "error" not in found else
+                     "cuInit answered no device" if cuinit == CUDA_ERROR_NO_DEVICE else
+                     "CUDA initialised in it" if cuinit == 0 else f"cuInit answered {cuinit}")
+    return found
 
 
 def serve_forks(sock: socket.socket, server_pid: int) -> None:
