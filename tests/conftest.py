@@ -8,7 +8,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Fixtures more than one test module uses, in support modules named for what they hold (a test module
 # never imports another): pytest finds them here for every test under tests/.
-pytest_plugins = ["serve_fixture", "h200_recordings", "smoke_runner"]
+# leak_check first: it marks the environment every process of the session inherits.
+pytest_plugins = ["leak_check", "serve_fixture", "h200_recordings", "smoke_runner"]
 
 
 @pytest.fixture

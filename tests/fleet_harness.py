@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+from dflashctl.smoke import ports
+
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
 AGENT = REPO / "tests" / "fleet_host.py"
@@ -258,9 +260,7 @@ class Prometheus:
 
     def __init__(self, bin_dir: Path, tmp: Path, scrape_configs: list[dict], rules: str):
         self.bin, self.tmp = bin_dir / "prometheus", tmp
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = ports.free_port(65535)
         (tmp / "prometheus.json").write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [rules], "scrape_configs": scrape_configs}))

@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from dflashctl.smoke import ports
+
 HAVE_ROUTER = importlib.util.find_spec("sglang_router") is not None
 needs_router = pytest.mark.skipif(
     not HAVE_ROUTER, reason="sglang-router 0.3.2 is not installed (pip install -e 'python[test]'; tests/run does)")
@@ -43,14 +45,25 @@ MEASURED_DEFAULTS = {
 
 
 def free_port(at_most: int = 65535) -> int:
-    """A free port on 127.0.0.1; `at_most` 55535 for an instance (SGLang takes port + 10000 too)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port <= at_most:
-            return port
-    raise RuntimeError(f"no free port at or below {at_most}")
+    """A free port on 127.0.0.1 outside the kernel's ephemeral range (the smoke's choice, no
+    outgoing connection can take it before its server binds it); `at_most` 55535 for an instance
+    (SGLang takes port + 10000 too)."""
+    return ports.free_port(at_most)
+
+
+def listening(at_most: int = 65535) -> socket.socket:
+    """A socket bound and listening on 127.0.0.1 at a port free_port chooses (bound here: no race
+    left, but another program may have bound that port since it was chosen: then another)."""
+    for _ in range(20):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", free_port(at_most)))
+        except OSError:
+            s.close()
+            continue
+        s.listen(16)
+        return s
+    raise RuntimeError("20 ports chosen were all taken before they could be bound")
 
 
 def request(url: str, method: str = "GET", body=None, headers: dict | None = None,

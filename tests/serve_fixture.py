@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dflashctl.service import config
+from dflashctl.smoke import ports
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "data" / "service" / "standin_server.py"
@@ -22,13 +23,9 @@ NEVER = 60  # a bound no test should reach: serve must not wait out a timeout fo
 
 
 def free_port() -> int:
-    """A free port the settings accept (<= config.MAX_PORT: SGLang derives its gRPC port + 10000)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port <= config.MAX_PORT:
-            return port
+    """A free port the settings accept (<= config.MAX_PORT: SGLang derives its gRPC port + 10000),
+    outside the ephemeral range as the smoke chooses them."""
+    return ports.free_port(config.MAX_PORT)
 
 
 class Notify:
@@ -93,6 +90,46 @@ def serve(tmp_path):
 
     yield start
     for p in procs:
-        if p.poll() is None:
+        stop_serve(p)
+
+
+def descendants(pid: int) -> list[int]:
+    """The process's children, theirs, and so on (from /proc), at this moment."""
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    except OSError:
+        return found
+    return found + [d for c in found for d in descendants(c)]
+
+
+def stop_serve(p: subprocess.Popen, grace: float = 30) -> None:
+    """Stop a serve still running as systemd does: SIGTERM to its group (serve stops SGLang, which
+    runs in a group of its own), SIGKILL after `grace` s; then SIGKILL to whatever serve had started
+    and left (a SIGKILLed serve leaves its SGLang running, reparented away from the test)."""
+    if p.poll() is not None:
+        return
+    left = []
+    for pid in descendants(p.pid):
+        try:
+            left.append(os.pidfd_open(pid))  # a handle: the pid may be reused once it is gone
+        except OSError:
+            pass
+    try:
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            os.killpg(p.pid, sig)
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        for fd in left:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    finally:
+        for fd in left:
+            os.close(fd)

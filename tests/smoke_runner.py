@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.smoke import loadgen
+from dflashctl.smoke import loadgen, ports
 
 DATA = Path(__file__).resolve().parent / "data" / "smoke"
 FAKE = DATA / "fake_sglang"
@@ -88,10 +88,7 @@ def start_fake(tmp_path, run: str, args=("--skip-tokenizer-init",), api_key=None
 
 
 def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port()
 
 
 @pytest.fixture

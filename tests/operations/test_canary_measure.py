@@ -11,11 +11,10 @@ asserted about time itself.
 """
 
 import json
-import socket
 
 import pytest
 from canary_standin import Build, Instance, builds
-from router_harness import request
+from router_harness import free_port, request
 
 from dflashctl.operations import canary
 from dflashctl.operations.canary import CanarySettings
@@ -115,9 +114,7 @@ def test_an_instance_that_dies_during_the_canary_fails_it(made, instance):
 
 
 def test_nothing_listening_is_an_error_not_an_exception():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # nothing listens there
     r = canary.measure(f"http://127.0.0.1:{port}", None, S)
     assert r.errors and r.errors[0].startswith("GET /server_info:") and "refused" in r.errors[0].lower()
 

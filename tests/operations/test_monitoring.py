@@ -776,7 +776,8 @@ class Host:
         self.router.wait_healthy([w.url for w in self.workers.values()])
         rcfg = router.from_dict(self.router.settings)
         self.prometheus = Prometheus(self.tmp, monitoring.scrape_configs(self.cfgs, rcfg, interval_sec=1),
-                                     monitoring.rule_file(self.cfgs, alert_for=FAST_FOR)).start()
+                                     monitoring.rule_file(self.cfgs, alert_for=FAST_FOR))
+        self.prometheus.start()  # kept before it is up: stop() ends it also when it never got ready
         for stream in (False, True):
             self.loads.append(Load(self.router.url + "/generate", generate_body(8, stream=stream), clients=2,
                                    max_requests=10 ** 6, seconds=600).start())
@@ -809,9 +810,10 @@ def host(tmp_path_factory):
     """The scenario, once: high acceptance, a's acceptance dropped, then b stopped under load."""
     if not HAVE_ROUTER:
         pytest.skip("sglang-router 0.3.2 is not installed (tests/run installs it)")
-    h = Host(tmp_path_factory.mktemp("monitoring")).start()
-    p = h.prometheus
+    h = Host(tmp_path_factory.mktemp("monitoring"))
     try:
+        h.start()  # inside the try: a start that fails half way stops what it started
+        p = h.prometheus
         p.wait('dflash:threshold_accept_length_min{dflash_instance="a"}', 30)
         p.wait('rate(sglang:generation_tokens_total{dflash_instance="a"}[10s]) > 0', 30)
         time.sleep(10)  # longer than the test's `for:` of the acceptance alert, with acceptance high

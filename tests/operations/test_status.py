@@ -21,7 +21,7 @@ from dflashctl.operations.metrics_text import Metrics, ParseError, parse
 from dflashctl.smoke import schema
 from nvml_scenario import Scenario, build_fake_nvml
 from rollout_harness import Supervisor, serve_argv
-from router_harness import ENV, STANDIN, Router, free_port, needs_router, request
+from router_harness import ENV, STANDIN, Router, free_port, listening, needs_router, request
 
 RECORDED = REPO / "tests" / "data" / "metrics" / "h200"
 SCHEMA = json.loads((REPO / "docs" / "status.schema.json").read_text())
@@ -270,11 +270,8 @@ class Mute:
     """A port that takes connections and never answers (a hung SGLang): what it was asked."""
 
     def __init__(self):
-        import socket
         import threading
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
+        self.sock = listening(55535)  # an instance's port: at most 55535
         self.port, self.asked, self.conns = self.sock.getsockname()[1], [], []
         threading.Thread(target=self._accept, daemon=True).start()
 

@@ -1,7 +1,6 @@
 """server.Server against a real child process (tests/data/service/standin_server.py)."""
 
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -11,14 +10,13 @@ import pytest
 from dflashctl import errors
 from dflashctl.errors import DflashError
 from dflashctl.service.server import Server
+from dflashctl.smoke import ports
 
 STANDIN = Path(__file__).parent.parent / "data" / "service" / "standin_server.py"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port()
 
 
 def make(tmp_path, mode, **env):

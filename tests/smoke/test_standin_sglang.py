@@ -11,7 +11,6 @@ strict as SGLang 0.5.11 and answers as it did on the H200.
 
 import json
 import runpy
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import pytest
 
 from smoke_runner import DATA, FAKE, SGLANG_FACTS, env_for
 
-from dflashctl.smoke import oracle, synthetic
+from dflashctl.smoke import oracle, ports, synthetic
 
 sys.path.insert(0, str(SGLANG_FACTS))
 import strict_args  # noqa: E402  (tests/data/sglang)
@@ -98,9 +97,7 @@ def test_every_golden_argv_dflashctl_builds_is_one_sglang_accepts(case):
 # --- answers -------------------------------------------------------------------------------------
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port()
 
 
 class Server:

@@ -169,6 +169,17 @@ class Server:
         text = data.decode("utf-8", "replace").rstrip("\n")
         return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
 
+    def log_since_start(self, limit: int = 256 * 1024) -> str:
+        """What this start wrote to the log (not earlier runs appended to the same file), its last
+        `limit` bytes."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(self._log_offset, f.tell() - limit))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
     def last_log_line(self) -> str:
         tail = self.log_tail(5).splitlines()
         return tail[-1].strip() if tail else ""

@@ -28,3 +28,8 @@ START_UP_MARKERS = (
     ("capture_end", "Capture piecewise CUDA graph end."),
     ("fired_up", "The server is fired up and ready to roll!"),
 )
+
+# A server whose port was taken: SGLang's HTTP server is uvicorn, which logs asyncio's "[Errno 98]
+# error while attempting to bind on address ('127.0.0.1', PORT): address already in use" and exits 1
+# (after the model has loaded: it binds last). Python's own OSError says "Address already in use".
+PORT_TAKEN = re.compile(r"\[Errno 98\]|address already in use", re.IGNORECASE)

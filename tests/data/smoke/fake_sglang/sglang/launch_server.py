@@ -46,6 +46,10 @@ FAKE_SGLANG_READY_AFTER=S    /health_generate answers 503 for S seconds (default
                              FAKE_SGLANG_READY_AFTER_<SEL> for one server
 FAKE_SGLANG_STEP_S=S         time one decode or verify step takes (default 0.001)
 FAKE_SGLANG_HELPER_PIDFILE   where the forked helper writes its pid (tests check it is gone)
+FAKE_SGLANG_BIND_WHEN=DIR    bind the port only once the file DIR/<port> exists (SGLang binds last,
+                             after its model load), so a test can take the port first; a port it
+                             cannot bind is logged as uvicorn does (`[Errno 98] error while
+                             attempting to bind on address ...`), exit 1
 --api-key KEY                answer 401 unless `Authorization: Bearer KEY`, as SGLang does (its
                              health and metrics routes stay open)
 
@@ -461,7 +465,15 @@ def _die():
 
 
 ThreadingHTTPServer.request_queue_size = 2048  # uvicorn's backlog: a burst of connections is queued, not reset
-server = ThreadingHTTPServer((args.host, args.port), Handler)
+bind_when = os.environ.get("FAKE_SGLANG_BIND_WHEN")
+while bind_when and not os.path.exists(os.path.join(bind_when, str(args.port))):
+    time.sleep(0.02)  # SGLang binds its port last, after loading the model: a window to lose it in
+try:
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+except OSError as e:  # as uvicorn reports a port it cannot bind (asyncio's words), then exit 1
+    print(f"ERROR:    [Errno {e.errno}] error while attempting to bind on address "
+          f"{(args.host, args.port)!r}: {(e.strerror or '').lower()}", flush=True)
+    sys.exit(1)
 server.daemon_threads = True
 log(f"Uvicorn running on http://{args.host}:{args.port}")
 
