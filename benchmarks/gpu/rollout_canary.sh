@@ -20,25 +20,7 @@ stack_setup || exit 1
 router_setup || exit 1
 export PYTHONPATH=$PWD/python:/tmp/router-site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 work=$(mktemp -d)
-python3 - "$work" <<'PY'
-import json, sys
-from pathlib import Path
-from dflashctl.smoke import oracle
-from dflashctl.smoke.settings import DEFAULT_SYNTHETIC_KV_TOKENS
-work = Path(sys.argv[1])
-pair = oracle.write_pair(work / "models")
-broken = oracle.write_pair(work / "models", oracle.OracleShape(draft_offset_error=1))
-(work / "broken-drafter").write_text(str(broken.draft))
-for name, port in (("a", 31000), ("b", 31001)):
-    settings = {"name": name, "model": str(pair.target), "draftModel": str(pair.draft), "port": port,
-                "speculative": {"algorithm": "DFLASH", "numDraftTokens": 16, "draftAttentionBackend": "triton"},
-                "gpus": [0], "allowSharedGpus": True, "attentionBackend": "triton", "samplingBackend": "pytorch",
-                "skipTokenizerInit": True, "grammarBackend": "none", "memFractionStatic": 0.25,
-                "cudaGraphMaxBs": 8, "enableMetrics": True, "startTimeoutSec": 600,
-                "extraArgs": ["--disable-piecewise-cuda-graph", "--max-total-tokens", str(DEFAULT_SYNTHETIC_KV_TOKENS)],
-                "cacheDir": str(work / "cache")}
-    (work / f"{name}.json").write_text(json.dumps(settings, indent=2))
-PY
+python3 benchmarks/gpu/two_instances.py "$work" --broken || exit 1
 { nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
   python3 -c "import sglang_router, importlib.metadata as m; print('sglang', m.version('sglang'), '| sglang-router', sglang_router.__version__)"
 } >"$OUT/rollout-canary-h200.txt" 2>&1
