@@ -786,8 +786,10 @@ def test_rollout_over_real_units(deploy, container):
     c.run(["systemctl", "daemon-reload"])
     out, stop = f"{TEST_DIR}/rollout-load.jsonl", f"{TEST_DIR}/rollout-load.stop"
     c.run(["rm", "-f", out, out + ".done", stop])
+    # the canary asks 32 tokens once and does not judge speed (a stand-in's on a loaded machine)
     rollout = [DFLASHCTL, "rollout", "--instance", f"/etc/dflash/{a.name}.json", "--instance",
-               f"/etc/dflash/{b.name}.json", "--healthy-for", "1", "--json"]
+               f"/etc/dflash/{b.name}.json", "--healthy-for", "1", "--json",
+               "--canary-tokens", "32", "--canary-repeats", "1", "--canary-expect", "speed"]
     try:
         assert router.start().returncode == 0, router.journal()
         url = f"http://127.0.0.1:{json.loads(c.run(['cat', '/etc/dflash-router.json']).stdout)['port']}"
@@ -810,7 +812,7 @@ def test_rollout_over_real_units(deploy, container):
         assert done.returncode == 0, done.stderr + a.journal()
         result = json.loads(done.stdout)
         assert [(s["name"], s["outcome"], s["canary"]["verdict"]) for s in result["instances"]] == \
-            [(a.name, "done", "identical"), (b.name, "done", "identical")], result
+            [(a.name, "done", "passed"), (b.name, "done", "passed")], result
         for inst in (a, b):
             assert inst.show("InvocationID")["InvocationID"] != before[inst.name]
             assert running_digest(inst)[0] == running_digest(inst)[1]
@@ -825,6 +827,34 @@ def test_rollout_over_real_units(deploy, container):
         again = c.run(rollout, check=False, timeout=WAIT_S)
         assert again.returncode == 0 and json.loads(again.stdout)["instances"] == [], again.stderr
         assert {u["name"] for u in json.loads(again.stdout)["up_to_date"]} == {a.name, b.name}
+
+        # A build the canary stops (its greedy outputs change although nothing in the definition says
+        # they may), then the revert as `dflashctl upgrade` does it: the previous settings and unit
+        # back, daemon-reload, `rollout --resume`: the first unit restarted on its old definition,
+        # judged against the reading from before, back in rotation; the second never touched.
+        invocation_b = b.show("InvocationID")["InvocationID"]
+        previous = {path: c.run(["cat", path]).stdout for path in (f"/etc/dflash/{a.name}.json",
+                                                                   f"/etc/systemd/system/{a.unit}")}
+        cfg = json.loads(previous[f"/etc/dflash/{a.name}.json"])
+        cfg["environment"]["STANDIN_DIVERGE_FROM"] = "0"
+        c.write(f"/etc/dflash/{a.name}.json", json.dumps(cfg, indent=2))
+        c.write(f"/etc/systemd/system/{a.unit}", dflashctl_unit_text(c, a.name, cfg))
+        c.run(["systemctl", "daemon-reload"])
+        stopped = c.run(rollout, check=False, timeout=WAIT_S * 2)
+        assert stopped.returncode == errors.ROLLOUT_STOPPED, stopped.stderr
+        first = json.loads(stopped.stdout)["instances"][0]
+        assert (first["name"], first["outcome"], first["step"]) == (a.name, "failed", "measure after"), first
+        assert "outputs" in first["error"] and first["canary"]["verdict"] == "failed", first
+        for path, text in previous.items():
+            c.write(path, text)
+        c.run(["systemctl", "daemon-reload"])
+        reverted = c.run(rollout + ["--resume"], check=False, timeout=WAIT_S * 2)
+        assert reverted.returncode == 0, reverted.stderr
+        assert [(s["name"], s["outcome"], s["canary"]["verdict"]) for s in json.loads(reverted.stdout)["instances"]] \
+            == [(a.name, "done", "passed")], reverted.stdout
+        assert running_digest(a)[0] == running_digest(a)[1]  # on the old definition again
+        assert b.show("InvocationID")["InvocationID"] == invocation_b
+        assert [s for s, _ in json.loads(c.run(["python3", f"{TEST_DIR}/client.py", url, "10"]).stdout)] == [200] * 10
 
         invocation_b = b.show("InvocationID")["InvocationID"]
         for inst in (a, b):
