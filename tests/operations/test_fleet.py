@@ -14,6 +14,7 @@ are printed (docs/benchmarks.md).
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,14 +29,19 @@ from router_harness import Load, Router, generate_body, needs_router
 pytestmark = [needs_router, needs_fleet, pytest.mark.slow]
 
 # What a host serves and how a bad build is caught: the rollout's canary, which judges greedy outputs,
-# acceptance and speed by default (issue 40). Here a build whose greedy outputs change; the canary
-# asks 32 tokens once and does not judge speed (stand-ins' 2 ms tokens on a loaded machine cannot
-# decide it). For "a build whose acceptance falls", give the instances the smoke's oracle pair
-# (tests/operations/test_rollout_faults.py) and make BAD_BUILD name its broken drafter.
-INSTANCES = {name: {"model": "standin-model", "port": port, "host": "0.0.0.0",  # the fleet's Prometheus scrapes it
+# acceptance and speed by default (issue 40). The instances decode with DFLASH (the stand-in without a
+# model pair commits the recording's 15.75 tokens a verify step, or the number in the file
+# STANDIN_ACCEPT_LENGTH_FILE names); the bad build is one whose drafter accepts about one token a
+# step, outputs unchanged (DFLASH is lossless): the likeliest bad build of this stack. The canary asks
+# 32 tokens once and does not judge speed (stand-ins' 2 ms tokens on a loaded machine cannot decide it).
+INSTANCES = {name: {"model": "standin-model", "draftModel": "standin-drafter", "port": port,
+                    "speculative": {"algorithm": "DFLASH", "numDraftTokens": 16},
+                    "host": "0.0.0.0",  # the fleet's Prometheus scrapes it
                     "environment": {"STANDIN_READY_AFTER": "1.0", "STANDIN_TOKEN_DELAY": "0.002"}}
              for name, port in (("gpu0", 30000), ("gpu1", 30001))}
-BAD_BUILD = {"STANDIN_DIVERGE_FROM": "0"}
+BAD_ACCEPT_LENGTH = "1.02"  # what the smoke's broken drafter accepted on the H200 (1.01-1.03)
+
+
 JUDGE = ["--canary-tokens", "32", "--canary-repeats", "1", "--canary-expect", "speed"]
 ROLLOUT_ARGS = ["--healthy-for", "2", *JUDGE]
 PLAYBOOK = REPO / "deploy" / "ansible" / "playbook.yml"
@@ -45,7 +51,10 @@ BIN = Path(sys.executable).parent
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fleet")
-    reqs = {tag: requirements(tmp, tag, b) for tag, b in (("v1", {}), ("v2", {}), ("bad", BAD_BUILD))}
+    bad_accept = tmp / "bad-build-accept-length"
+    bad_accept.write_text(BAD_ACCEPT_LENGTH + "\n")
+    bad_build = {"STANDIN_ACCEPT_LENGTH_FILE": str(bad_accept)}
+    reqs = {tag: requirements(tmp, tag, b) for tag, b in (("v1", {}), ("v2", {}), ("bad", bad_build))}
     pip = pip_env(tmp)
     saved = {k: os.environ.get(k) for k in pip}
     os.environ.update(pip)
@@ -147,13 +156,18 @@ def test_a_bad_build_stops_on_the_first_host_and_the_others_are_never_touched(fl
         assert (h.starts(), upgrade_build.current(h.root)) == before[h.name], h.name
         assert f"ok: [{h.name}]" not in r.stdout and f"changed: [{h.name}]" not in r.stdout, r.stdout[-3000:]
     starts = first.starts()
-    assert starts["gpu0"] == before[first.name][0]["gpu0"] + 1  # the canary instance, restarted once
+    # the canary instance: restarted onto the bad build, then reverted onto the old one (upgrade's revert)
+    assert starts["gpu0"] == before[first.name][0]["gpu0"] + 2
     assert starts["gpu1"] == before[first.name][0]["gpu1"]  # the other one never restarted
     assert upgrade_build.current(first.root) == before[first.name][1]  # current points back at the old build
     assert "fatal: [host1]" in r.stdout, r.stdout[-3000:]
     message = r.stdout[r.stdout.index("fatal: [host1]"):]
     assert "host1: upgrade to build" in message and "stopped at instance gpu0" in message, message[:2000]
-    assert "canary: failed" in message and "outputs differs" in message, message[:2000]  # the canary's figures
+    # the canary's figures: about 16 tokens a step before, about 1 after (0.06x)
+    assert "canary: failed" in message and re.search(r"accept 1[56](\.\d+)? -> 1(\.\d+)? \(0\.0\dx", message), \
+        message[:2000]
+    assert "outputs identical" in message, message[:2000]
+    assert "reverted gpu0 to the build still serving" in message, message[:2000]  # and back in rotation
     print(f"bad build: stopped on host1 after {seconds:.1f} s, {len(outcomes)} requests, {len(failed)} failed; "
           f"host2 and host3 untouched")
 
