@@ -320,11 +320,11 @@ def hub():
     h.close()
 
 
-def validate_models(settings: dict, tmp_path: Path, hub) -> subprocess.CompletedProcess:
+def validate_models(settings: dict, tmp_path: Path, hub, *extra: str) -> subprocess.CompletedProcess:
     f = tmp_path / "instance.json"
     f.write_text(json.dumps(settings))
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"), HF_ENDPOINT=hub.url)
-    return subprocess.run([sys.executable, "-m", "dflashctl", "validate", str(f), "--models"],
+    return subprocess.run([sys.executable, "-m", "dflashctl", "validate", str(f), "--models", *extra],
                           capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -344,10 +344,14 @@ def test_offline_hosts_read_the_pair_from_the_cache_only(tmp_path, hub):
 
 def test_a_hub_model_not_fetched_yet_is_deferred_online_and_refused_offline(tmp_path, hub):
     home = tmp_path / "empty"
+    # online, validate says what it could not check and fails unless told that is accepted
     run = validate_models(hub_settings(home, offline=False), tmp_path, hub)
-    assert run.returncode == 0, run.stderr
-    assert "Qwen/Qwen3-8B@" in run.stderr and "is not in the cache yet" in run.stderr
+    assert run.returncode == errors.PREFLIGHT_MODEL_MISSING, run.stderr
+    assert "Qwen/Qwen3-8B@" in run.stderr and "--skip-unfetched" in run.stderr
     assert "dflashctl models fetch --config" in run.stderr
+    run = validate_models(hub_settings(home, offline=False), tmp_path, hub, "--skip-unfetched")
+    assert run.returncode == 0, run.stderr
+    assert "Qwen/Qwen3-8B@" in run.stderr and "not checked (--skip-unfetched)" in run.stderr
     run = validate_models(hub_settings(home), tmp_path, hub)
     assert run.returncode == errors.PREFLIGHT_MODEL_MISSING, run.stderr
     assert hub.requests == []
@@ -364,8 +368,10 @@ def test_a_partial_cache_online_is_a_warning(tmp_path, hub):
     config_json = home / "hub" / "models--Qwen--Qwen3-8B" / "snapshots" / COMMIT / "config.json"
     config_json.resolve().unlink()  # an interrupted download: SGLang fetches it online
     run = validate_models(hub_settings(home, offline=False), tmp_path, hub)
+    assert run.returncode == errors.PREFLIGHT_MODEL_MISSING, run.stderr
+    run = validate_models(hub_settings(home, offline=False), tmp_path, hub, "--skip-unfetched")
     assert run.returncode == 0, run.stderr
-    assert "Qwen/Qwen3-8B@" + COMMIT + " is not whole in the cache yet" in run.stderr
+    assert "Qwen/Qwen3-8B@" + COMMIT in run.stderr and "not checked (--skip-unfetched)" in run.stderr
     assert hub.requests == []
 
 
