@@ -56,6 +56,9 @@ EXEC_ONLY = ("LD_", "GLIBC_TUNABLES", "MALLOC_", "PYTHON")
 # How long the server waits for the template at its first child: as long as the server itself has
 # run (a spawned child imports about what the server imported), at least READY_MIN_WAIT_S.
 READY_MIN_WAIT_S = 30.0
+# doctor's trial has no server racing it: it waits longer for the template (the first import after
+# an install also compiles byte code, on a busy host); doctor's --timeout bounds the whole probe
+SELF_CHECK_WAIT_S = 150.0
 REPARENT_WAIT_S = 10.0  # the middle process exits at once; this bounds a stuck start
 FORK_PROBE_WAIT_S = 60.0  # the test child's cuInit: well under a second on an H200
 MAX_LEFT_OUT = 3  # entries a template may leave out (starting over each time) before it gives up
@@ -148,11 +151,11 @@ class Server:
                                      env=self.env)
         theirs.close()
 
-    def ready(self) -> dict:
+    def ready(self, at_least: float = READY_MIN_WAIT_S) -> dict:
         """The template's report (read once; waits for it the first time a child starts, at most
-        as long as the server has run so far: past that, spawning is not slower)."""
+        as long as the server has run so far, and `at_least`: past that, spawning is not slower)."""
         if self.state is None:
-            wait = max(READY_MIN_WAIT_S, time.monotonic() - self.started)
+            wait = max(at_least, time.monotonic() - self.started)
             self.sock.settimeout(wait)
             try:
                 line = _read_line(self.sock)
@@ -329,7 +332,7 @@ def self_check(preload_list: str) -> dict:
     import multiprocessing as mp
     _server = Server(preload_entries)
     _route_spawn()
-    state = _server.ready()
+    state = _server.ready(at_least=SELF_CHECK_WAIT_S)
     report = {k: state.get(k) for k in ("seconds", "missing", "left_out", "fork_probe")}
     report["preloaded"] = len(state.get("preloaded") or [])
     if not state.get("ok"):
