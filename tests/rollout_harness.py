@@ -221,6 +221,18 @@ class Supervisor:
             self._control.close()
 
 
+def kill_groups(pgids) -> None:
+    """SIGKILL each process group a failing test left behind (a restart command's), never our own:
+    a command that did not get a group of its own shares the test's."""
+    for pgid in pgids:
+        if pgid == os.getpgrp():
+            continue
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def serve_argv(settings: Path, standin: Path, python: str | None = None, preflight: bool = False) -> list[str]:
     """`dflashctl serve` for one instance, the stand-in SGLang as its launcher."""
     argv = [sys.executable, "-m", "dflashctl", "serve", "--config", str(settings),

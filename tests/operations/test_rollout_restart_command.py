@@ -9,7 +9,6 @@ are wide (a loaded machine); a hang is ten minutes.
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import pytest
 from dflashctl.errors import ROLLOUT_STOPPED
 from dflashctl.service import config
 from dflashctl.service.instance_control import KILL_GRACE_S, group_members
-from rollout_harness import Supervisor, serve_argv
+from rollout_harness import Supervisor, kill_groups, serve_argv
 from router_harness import ENV, STANDIN, free_port
 
 pytestmark = pytest.mark.slow
@@ -40,13 +39,7 @@ def one(tmp_path):
     sup.serve_control().start_all()
     groups = []
     yield sup, settings, groups
-    for pgid in groups:  # whatever a failing test left behind
-        if pgid == os.getpgrp():  # a command that did not get a group of its own: never our own group
-            continue
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_groups(groups)  # whatever a failing test left behind
     sup.shutdown()
 
 

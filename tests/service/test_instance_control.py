@@ -7,13 +7,12 @@ that no process of it is left, by pgid, in /proc. Deadlines are short, the margi
 the machine running the tests may be loaded.
 """
 
-import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
 from dflashctl.service.instance_control import STOPPED, TIMED_OUT, Command, group_members
+from rollout_harness import kill_groups
 
 MARGIN_S = 20.0  # what a loaded machine may add to a deadline; a hang is minutes
 
@@ -34,13 +33,7 @@ def reap():
     """Ends, after the test, any process group a failing test left behind."""
     groups = []
     yield groups.append
-    for pgid in groups:
-        if pgid == os.getpgrp():  # a command that did not get a group of its own: never our own group
-            continue
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_groups(groups)
 
 
 def timed(cmd: Command, *args, **kwargs):
