@@ -118,6 +118,10 @@ if IS_SERVER and os.environ.get("STANDIN_ARGV_FILE"):
 
 def on_term(signum, frame):
     print(f"standin: got signal {signum}, shutting down", flush=True)
+    # Its scheduler and detokenizer go first: a child still importing has not yet asked for
+    # PR_SET_PDEATHSIG and would outlive the server (and keep multiprocessing's resource tracker up).
+    for child in mp.active_children():
+        child.kill()
     os._exit(0)
 
 
