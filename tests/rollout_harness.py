@@ -31,6 +31,12 @@ REPO = Path(__file__).resolve().parent.parent
 CTL = REPO / "tests" / "rollout_ctl.py"
 RESTART_SEC = 0.5
 STOP_TIMEOUT_S = 45.0  # the unit's TimeoutStopSec
+# The rollout's canary in the tests that roll stand-ins: 32 greedy tokens once, speed not judged (a
+# stand-in's millisecond tokens on a loaded machine cannot decide a speed ratio: CI saw an unchanged
+# build read at 0.54x); outputs, errors and acceptance are judged as by default. The speed judgement
+# is tested between builds whose forward passes differ fourfold (test_canary_measure.py,
+# test_rollout_faults.py).
+QUICK_CANARY = ("--canary-tokens", "32", "--canary-repeats", "1", "--canary-expect", "speed")
 
 
 @dataclass

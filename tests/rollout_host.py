@@ -8,15 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollout_harness import Supervisor, serve_argv
+from rollout_harness import QUICK_CANARY, Supervisor, serve_argv
 from router_harness import ENV, STANDIN, Load, Router, free_port, generate_body
 
 from dflashctl.service import config
 
-# The canary's figures in these tests: 32 greedy tokens, once, speed not judged (a stand-in's 2 ms
-# tokens on a loaded machine cannot decide a speed ratio). test_rollout_faults.py's canary tests judge
-# speed between builds whose forward passes take 20 ms and 80 ms, at 0.5 (as test_canary_measure.py).
-CANARY = ("--canary-tokens", "32", "--canary-repeats", "1", "--canary-expect", "speed")
 
 
 class Host:
@@ -35,7 +31,7 @@ class Host:
             self.sup.add(f"gpu{i}", serve_argv(path, STANDIN), dict(ENV, LOGS_DIRECTORY=str(tmp)))
         self.urls = [config.load(f).base_url for f in self.files]
         self.router: Router | None = None
-        self.canary = CANARY
+        self.canary = QUICK_CANARY
         self.restart_command: str | None = None  # None: the supervisor's own
 
     def edit(self, i: int, **changes) -> None:

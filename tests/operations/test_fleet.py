@@ -24,6 +24,7 @@ import pytest
 from dflashctl.operations import upgrade_build
 from conftest import prometheus_or_skip
 from fleet_harness import REPO, Fleet, Prometheus, ansible_playbook, needs_fleet, pip_env, requirements
+from rollout_harness import QUICK_CANARY
 from router_harness import Load, Router, generate_body, needs_router
 
 pytestmark = [needs_router, needs_fleet, pytest.mark.slow]
@@ -42,8 +43,7 @@ INSTANCES = {name: {"model": "standin-model", "draftModel": "standin-drafter", "
 BAD_ACCEPT_LENGTH = "1.02"  # what the smoke's broken drafter accepted on the H200 (1.01-1.03)
 
 
-JUDGE = ["--canary-tokens", "32", "--canary-repeats", "1", "--canary-expect", "speed"]
-ROLLOUT_ARGS = ["--healthy-for", "2", *JUDGE]
+ROLLOUT_ARGS = ["--healthy-for", "2", *QUICK_CANARY]
 PLAYBOOK = REPO / "deploy" / "ansible" / "playbook.yml"
 BIN = Path(sys.executable).parent
 

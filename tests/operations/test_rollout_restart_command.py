@@ -19,14 +19,11 @@ import pytest
 from dflashctl.errors import ROLLOUT_STOPPED
 from dflashctl.service import config
 from dflashctl.service.instance_control import KILL_GRACE_S, group_members
-from rollout_harness import Supervisor, kill_groups, serve_argv
+from rollout_harness import QUICK_CANARY, Supervisor, kill_groups, serve_argv
 from router_harness import ENV, STANDIN, free_port
 
 pytestmark = pytest.mark.slow
 MARGIN_S = 60.0  # what a loaded machine may add: the canary before and after, the stand-in's start
-# The canary as tests/rollout_host.py asks it: 32 tokens once, speed not judged (a stand-in's 2 ms
-# tokens on a loaded machine cannot decide a speed ratio; the restart command is what is tested here).
-CANARY = ("--canary-tokens", "32", "--canary-repeats", "1", "--canary-expect", "speed")
 
 
 @pytest.fixture
@@ -50,7 +47,7 @@ def rollout(tmp_path: Path, sup: Supervisor, settings: Path, body: str, *extra: 
                       f"{sup.restart_command.replace('{name}', '$1')}\n{body}\n")
     argv = [sys.executable, "-m", "dflashctl", "rollout", "--restart-command", f"sh {script} {{name}}",
             "--instance", str(settings), "--no-router", "--state-dir", str(tmp_path / "state"),
-            "--healthy-for", "0", "--json", *CANARY, *extra]
+            "--healthy-for", "0", "--json", *QUICK_CANARY, *extra]
     t0 = time.monotonic()
     r = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=600)
     took = time.monotonic() - t0

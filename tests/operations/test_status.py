@@ -20,7 +20,7 @@ from conftest import REPO
 from dflashctl.operations.metrics_text import Metrics, ParseError, parse
 from dflashctl.smoke import schema
 from nvml_scenario import Scenario, build_fake_nvml
-from rollout_harness import Supervisor, serve_argv
+from rollout_harness import QUICK_CANARY, Supervisor, serve_argv
 from router_harness import ENV, STANDIN, Router, free_port, listening, needs_router, request
 
 RECORDED = REPO / "tests" / "data" / "metrics" / "h200"
@@ -491,7 +491,7 @@ def test_status_beside_a_real_rollout_then_after_it_was_killed(tmp_path):
         rt.wait_healthy(urls)
         (tmp_path / "router.json").write_text(json.dumps(rt.settings))
         rollout = subprocess.Popen([sys.executable, "-m", "dflashctl", "rollout", "--restart-command", hold,
-                                    "--healthy-for", "1", "--only", "gpu0", *common], env=ENV,
+                                    "--healthy-for", "1", "--only", "gpu0", *QUICK_CANARY, *common], env=ENV,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for line in rollout.stderr:
             if "gpu0: restarting" in line:
@@ -528,7 +528,8 @@ def test_status_beside_a_real_rollout_then_after_it_was_killed(tmp_path):
         abort.touch()  # the killed rollout's restart command gives up at the gate
         gate.touch()
         resumed = subprocess.run([sys.executable, "-m", "dflashctl", "rollout", "--restart-command",
-                                  sup.restart_command, "--healthy-for", "1", "--resume", "--only", "gpu0", *common],
+                                  sup.restart_command, "--healthy-for", "1", "--resume", "--only", "gpu0", *QUICK_CANARY,
+                                      *common],
                                  env=ENV, capture_output=True, text=True, timeout=300)
         assert resumed.returncode == 0, resumed.stderr
         done = status("--json", "--window", "0", *common)

@@ -21,7 +21,7 @@ from conftest import nix_or_skip
 from fleet_harness import REPO, stack_wheel
 from nixeval import NIX_CONFIG
 from fleet_host import START
-from rollout_harness import Supervisor
+from rollout_harness import QUICK_CANARY, Supervisor
 from router_harness import ENV, Router, free_port, needs_router
 
 ANSIBLE = REPO / "deploy" / "ansible"
@@ -44,9 +44,6 @@ def pip_env(tmp_path, monkeypatch):
     return dict(ENV, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path / "wheels"), PIP_NO_CACHE_DIR="1")
 
 
-# The rollout's canary here: 32 tokens once, speed not judged (the stand-in's tokens take no time, so
-# their speed is noise); outputs, errors and acceptance are judged as by default.
-CANARY = ("--canary-tokens", "32", "--canary-repeats", "1", "--canary-expect", "speed")
 
 
 @pytest.fixture
@@ -73,7 +70,7 @@ def host(tmp_path, pip_env):
         argv = [str(BIN / "dflashctl"), "upgrade", "--json", "--root", str(root), "--requirements", str(requirements),
                 "--python", PY, "--state-dir", str(tmp_path / "state"), "--restart-command", sup.restart_command,
                 "--router", str(tmp_path / "router-settings.json"), *[f"--instance={f}" for f in files],
-                "--", "--healthy-for", "0.5", *CANARY, *extra]
+                "--", "--healthy-for", "0.5", *QUICK_CANARY, *extra]
         r = subprocess.run(argv, env=pip_env, capture_output=True, text=True, timeout=600)
         return r.returncode, json.loads(r.stdout), r.stderr
 
