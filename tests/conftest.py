@@ -51,6 +51,19 @@ def prometheus_or_skip() -> Path:
     pytest.skip("prometheus/promtool not found: run tests/run (it unpacks Debian's package), or put them on PATH")
 
 
+def jemalloc_or_skip() -> Path:
+    """Debian's libjemalloc.so.2 ($DFLASH_JEMALLOC: tests/run unpacks libjemalloc2 into the test
+    cache; or the system's); a failure under tests/run (DFLASH_REQUIRE_JEMALLOC=1), a skip elsewhere."""
+    for c in (os.environ.get("DFLASH_JEMALLOC"), "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+              "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"):
+        if c and Path(c).is_file():
+            return Path(c)
+    if os.environ.get("DFLASH_REQUIRE_JEMALLOC") == "1":
+        pytest.fail("libjemalloc.so.2 is missing but tests/run requires it (it unpacks Debian's libjemalloc2 "
+                    "and sets $DFLASH_JEMALLOC; see its output)")
+    pytest.skip("no libjemalloc.so.2: run tests/run (it unpacks Debian's libjemalloc2), or set $DFLASH_JEMALLOC")
+
+
 def update_golden(path: Path, text: str) -> None:
     """DFLASH_UPDATE_GOLDEN=1 writes `text` to the golden `path`; a golden that changed skips its
     test, saying so, so that an update run never reports a pass. Refused where CI is set: a golden
