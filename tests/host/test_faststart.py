@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from conftest import jemalloc_or_skip
 from dflashctl.host import faststart, kernels, probes
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux only")
@@ -257,6 +258,57 @@ def test_threads_that_a_fork_would_leave_behind(tmp_path, stops_before_fork):
     else:
         assert "template not usable: 2 threads run after the imports" in out["log"]
         assert out["log"].count("spawned: the template is not usable") == 2
+
+
+JEMALLOC_CHILD = '''    junk = [bytearray(65536) for _ in range(2000)]  # jemalloc at work, as in a scheduler
+    del junk
+    time.sleep(0.5)
+    threads = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+    writer.send({"threads": threads, "pid"'''
+
+# A library with its own jemalloc (a copy of Debian's under another name, loaded RTLD_LOCAL as an
+# extension module's dependency is): its mallctl is nowhere the template can reach it.
+BUNDLED_JEMALLOC = """
+import ctypes, os
+lib = ctypes.CDLL(os.environ["BUNDLED_ALLOCATOR"])
+lib.malloc.restype, lib.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+lib.free(lib.malloc(1 << 20))  # its first allocation starts its background thread
+"""
+
+
+def jemalloc_run(tmp_path, env, preload=("heavy",)):
+    program = PROGRAM.replace('    writer.send({"pid"', JEMALLOC_CHILD).replace("import json,", "import json, time,")
+    return run(tmp_path, preload=preload, env=env, program=program)
+
+
+def test_jemalloc_s_background_thread_is_left_to_jemalloc_and_turned_back_on_in_each_child(tmp_path):
+    """GPU images run jemalloc with its background thread on (`jemalloc_bg_thd`, seen on the H200).
+    jemalloc's own fork handlers make a fork safe and leave the child without it: the template forks
+    all the same, and each child turns it back on, running the threads a spawned child would."""
+    env = {"LD_PRELOAD": str(jemalloc_or_skip()), "MALLOC_CONF": "background_thread:true"}
+    out = jemalloc_run(tmp_path, env)
+    assert out["log"].count("forked from the template") == 2, out["log"]
+    assert ("jemalloc's background thread (1) left to jemalloc's own fork handling: off in each forked child, "
+            "turned back on there;") in out["log"]
+    assert all("jemalloc_bg_thd" in k["threads"] for k in out["children"]), out["children"]
+    # the same jemalloc with its thread off from the start: nothing to leave, nothing turned on
+    out = jemalloc_run(tmp_path, dict(env, MALLOC_CONF="background_thread:false"))
+    assert out["log"].count("forked from the template") == 2, out["log"]
+    assert "jemalloc's background thread" not in out["log"]
+    assert all("jemalloc_bg_thd" not in k["threads"] for k in out["children"])
+
+
+def test_a_library_s_own_jemalloc_does_not_stop_the_fork(tmp_path):
+    bundled = tmp_path / "libbundled.so"
+    shutil.copyfile(jemalloc_or_skip(), bundled)
+    (tmp_path / "bundled.py").write_text(BUNDLED_JEMALLOC)
+    env = {"BUNDLED_ALLOCATOR": str(bundled), "MALLOC_CONF": "background_thread:true",
+           "GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=16384"}  # its TLS, loaded after start
+    out = jemalloc_run(tmp_path, env, preload=["heavy", "bundled"])
+    assert out["log"].count("forked from the template") == 2, out["log"]
+    assert ("jemalloc's background thread (1) left to jemalloc's own fork handling: off in each forked child, "
+            "left off there (its mallctl is not reachable);") in out["log"]
+    assert all(k["threads"].count("jemalloc_bg_thd") == 0 for k in out["children"])
 
 
 def test_a_python_c_process_starts_no_template(tmp_path):

@@ -16,7 +16,8 @@ torch not initialised, libcuda's `cuDeviceGetCount` still answering CUDA_ERROR_N
 entry that touched it, or whose import failed, is left out and the template starts over without it
 (a fresh exec; what an import did cannot be taken back). Then it checks it is safe to fork: NVML
 shut down, no GPU device open, a test child forked from it in which torch is willing and the
-driver's cuInit succeeds, one thread left once fork handlers ran. When SGLang starts a child the
+driver's cuInit succeeds, one thread left once fork handlers ran (besides jemalloc's background
+thread, which jemalloc's own fork handling covers; each child turns it back on where it can). When SGLang starts a child the
 spawn way, the server sends the template what spawn would send a fresh interpreter (its preparation
 data and the pickled process object, the file descriptors it carries) and its environment of that
 moment; the template forks, and the child continues exactly as a spawned one does
@@ -61,6 +62,7 @@ READY_MIN_WAIT_S = 30.0
 SELF_CHECK_WAIT_S = 150.0
 REPARENT_WAIT_S = 10.0  # the middle process exits at once; this bounds a stuck start
 FORK_PROBE_WAIT_S = 60.0  # the test child's cuInit: well under a second on an H200
+JEMALLOC_THREAD = "jemalloc_bg_thd"  # the name jemalloc gives its background threads
 MAX_LEFT_OUT = 3  # entries a template may leave out (starting over each time) before it gives up
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -72,6 +74,7 @@ PID = struct.Struct("!q")
 HEAD = struct.Struct("!II")  # header length, payload length
 
 _server = None  # the Server of this process, once install() started a template
+_jemalloc_at_fork = False  # jemalloc's background thread ran in the template: each child turns it back on
 _inherited: list[int] = []  # in a child: the descriptors its pickled objects refer to, by index
 
 
@@ -421,6 +424,7 @@ def template_main() -> None:
     say(f"template: {len(state['missing'])} of the list not in this stack; {len(left_out)} left out "
         f"({', '.join(e['entry'] for e in left_out) or 'none'}); os.environ read whole while importing by "
         f"{', '.join(state['env_iterated_by']) or 'nothing'}; NVML shut down {state['nvml_shutdowns']} time(s); "
+        f"{_jemalloc_text(state['jemalloc'])}"
         f"a forked test child: {state['fork_probe']}")
     serve_forks(sock, server_pid)
 
@@ -489,11 +493,12 @@ def preload(entries: list[str], left_out: set[str] = frozenset()) -> dict:
             setattr(holder, name, value)
     state = {"ok": False, "why": None, "seconds": None, "preloaded": done, "missing": missing,
              "env_read": sorted(recording.read), "env_iterated_by": sorted(recording.iterated_by),
-             "nvml_shutdowns": 0, "fork_probe": None}
+             "nvml_shutdowns": 0, "jemalloc": None, "fork_probe": None}
     if start_over is not None:
         state["start_over"] = start_over
         return state
     state["nvml_shutdowns"] = _shutdown_nvml()
+    state["jemalloc"] = _jemalloc_threads()
     state["why"], state["fork_probe"] = fork_safety_problem()
     state["ok"] = state["why"] is None
     state["seconds"] = round(time.monotonic() - started, 3)
@@ -567,6 +572,50 @@ def _libcuda_state() -> int | None:
     return cuda.cuDeviceGetCount(ctypes.byref(count))
 
 
+def _jemalloc_text(found: dict | None) -> str:
+    if not found:
+        return ""
+    back = "turned back on there" if found["reachable"] else "left off there (its mallctl is not reachable)"
+    return (f"jemalloc's background thread ({found['threads']}) left to jemalloc's own fork handling: off in "
+            f"each forked child, {back}; ")
+
+
+def _jemalloc_background_threads(on: bool) -> bool:
+    """Set jemalloc's `background_thread` option; True where it was the other way and is `on` now."""
+    mallctl = _mallctl()
+    if mallctl is None:
+        return False
+    value, size = ctypes.c_bool(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_bool))
+    if mallctl(b"background_thread", ctypes.byref(value), ctypes.byref(size), None, 0) != 0 or value.value == on:
+        return False
+    wanted = ctypes.c_bool(on)
+    return mallctl(b"background_thread", None, None, ctypes.byref(wanted), ctypes.sizeof(wanted)) == 0
+
+
+def _mallctl():
+    """jemalloc's control function in this process: global (a preloaded jemalloc) or in a loaded
+    library named after it. None: no jemalloc, or one that keeps its symbols to itself."""
+    paths: list[str | None] = [None]
+    try:
+        with open("/proc/self/maps") as f:
+            paths += sorted({line.split()[-1] for line in f if "jemalloc" in line.rsplit("/", 1)[-1]})
+    except OSError:
+        pass
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD) if path else ctypes.CDLL(None)
+        except OSError:
+            continue
+        for name in ("mallctl", "je_mallctl"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                               ctypes.c_void_p, ctypes.c_size_t]
+                return fn
+    return None
+
+
 def _shutdown_nvml() -> int:
     """torch's NVML check initialises NVML and never shuts it down; a child must not share it."""
     try:
@@ -604,11 +653,22 @@ def fork_safety_problem() -> tuple[str | None, str]:
                 f"{probe['count_rc']}"), probe["text"]
     if probe.get("error"):
         return f"a child forked from the template failed: {probe['error']}", probe["text"]
-    threads = _threads()
+    threads = [t for t in _threads() if t != JEMALLOC_THREAD]
     if len(threads) != 1:
         return (f"{len(threads)} threads run after the imports ({', '.join(threads)}; a fork copies "
                 "only one)"), probe["text"]
     return None, probe["text"]
+
+
+def _jemalloc_threads() -> dict | None:
+    """jemalloc's background threads in this process (a GPU image's library links jemalloc with
+    its `background_thread` option on; seen on the H200). They need not stop before a fork: jemalloc's
+    fork handlers take its locks first and the child starts with background threads off. A child
+    turns them back on (run_child) where jemalloc's mallctl is reachable, to run as a spawned one."""
+    global _jemalloc_at_fork
+    count = _threads().count(JEMALLOC_THREAD)
+    _jemalloc_at_fork = count > 0
+    return {"threads": count, "reachable": _mallctl() is not None} if count else None
 
 
 def _open_gpu_devices() -> list[str]:
@@ -741,6 +801,8 @@ def run_child(fds: list[int], header: dict, payload: bytes, server_pid: int) -> 
     os.close(status_w)  # child_w stays open for our whole life: the server's sentinel
     os.environ.clear()
     os.environ.update(header["env"])
+    if _jemalloc_at_fork:
+        _jemalloc_background_threads(True)
     try:
         code = _bootstrap(payload, inherited, tracker_fd, child_r)
     except SystemExit as e:
