@@ -50,7 +50,7 @@ $PY -m compileall -q -j0 --invalidation-mode checked-hash "$SYSTEM_SITE" >/dev/n
 stamp "compileall (checked-hash) $SITE and $SYSTEM_SITE: $(secs_since "$s")s"
 if [ ! -f "$K/index.json" ]; then
   BUDGET=$(( $(left) - 5 )) RUNS=0 OUT=$OUT/build bash "$(dirname "$0")/prebuilt_kernels.sh" build >/dev/null 2>&1
-  rm -rf "$OUT/build"
+  [ -f "$K/index.json" ] && rm -rf "$OUT/build"  # kept where the build failed: its summary says why
 fi
 fi
 [ -f "$K/index.json" ] && stamp "prebuilt kernels: $K" || stamp "no prebuilt kernels: the runs compile (say so)"

@@ -21,7 +21,7 @@
 # writable tvm-ffi cache and flashinfer's cache gained and the hook's lines from the servers' logs.
 # Payload layout (folder D, default .gpu-i21): D/payload.tar.xz (gpu-payload, without the four CUDA
 # compiler wheels: the image's nvcc 13.0 and g++ compile), D/cute.tar.xz (cutlass-dsl), D/python
-# (this branch's dflashctl). Writes summary.txt, <label>.json, logs-<phase>.tar.gz into $OUT.
+# (a branch's dflashctl; without it, this tree's). Writes summary.txt, <label>.json, logs-<phase>.tar.gz into $OUT.
 set -uo pipefail
 phase=${1:?usage: prebuilt_kernels.sh build|cute|triton}
 D=${PAYLOAD_DIR:-$PWD/.gpu-i21}
@@ -40,7 +40,8 @@ if [ "$phase" = cute ] && [ ! -f /tmp/site/.cute ]; then
 fi
 CUTE_PATH=""
 [ -f /tmp/site/.cute ] && CUTE_PATH=/tmp/site/nvidia_cutlass_dsl/python_packages:
-export PYTHONPATH=$D/python:$CUTE_PATH/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+py_dir=$D/python; [ -d "$py_dir" ] || py_dir=$REPO/python  # the payload's dflashctl, else this tree's
+export PYTHONPATH=$py_dir:$CUTE_PATH/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 stamp "phase $phase: $(nproc) cores, $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1)"
 
 build_args=()
