@@ -100,8 +100,8 @@ def say(text: str) -> None:
 def as_failure(name: str, step: str, e: BaseException, log_hint: str) -> StepFailed:
     """Whatever a step raised, as the instance's failure: what, naming the step, and the fix."""
     resume = "then `dflashctl rollout --resume`"
-    if isinstance(e, StepFailed):
-        return e
+    if isinstance(e, StepFailed):  # the router's wait names neither: the report's row must
+        return e if e.what.startswith(f"{name}: ") else StepFailed(f"{name}: {step} failed: {e.what}", e.fix)
     if isinstance(e, DflashError):  # RouterUnreachable is one: the router() wrapper waited already
         why = f": {e.why}" if e.why else ""
         return StepFailed(f"{name}: {step} failed: {e.what}{why}", f"{e.fix}; {resume}" if e.fix else resume)
@@ -242,7 +242,7 @@ class Rollout:
         if self.admin is not None and step.step == "hold":  # out for real: when it comes back, no canary ran
             try:
                 self.router(self.admin.remove, t.cfg.base_url)
-            except (StepFailed, DflashError) as gone:
+            except Exception as gone:  # noqa: BLE001 - best effort, said: the failure above is the report's
                 say(f"{t.name}: could not take it out of the router again: {getattr(gone, 'what', gone)}")
         say(f"{e.what}\n  fix: {e.fix}")
         self.save()
