@@ -5,7 +5,7 @@ The loopback tests (test_rollout_faults.py, test_rollout.py) run the chosen cell
 real router and stand-ins; here the rollout's state machine (operations/rollout_machine.py) runs
 against fakes of the router's admin API, the instances and the restart command, so that the fault
 fires exactly inside the step named, and every cell is checked for the same promise: no exception
-escapes, the report is the command's (exit 8, the one JSON object), the instance's outcome names the
+escapes, the report is the command's (exit 7, the one JSON object), the instance's outcome names the
 step it failed or was interrupted at, the instances after it are not reached, and the state file
 says what --resume needs (who is out of the router, why, and whether it still runs its old build).
 """
