@@ -44,6 +44,8 @@ if __name__ == "__main__":
                       "exitcodes": [p.exitcode for p in procs]}))
 """.replace("import multiprocessing", "import json, multiprocessing")
 
+SETS_LINE = PROGRAM.splitlines().index("        os.environ[key] = value") + 1  # the server's own change
+
 HEAVY = """
 import os
 with open(os.environ["IMPORT_LOG"], "a") as f:
@@ -96,14 +98,24 @@ def test_off_is_plain_spawn(tmp_path, setting):
 
 @pytest.mark.parametrize("sets, why", [
     (["READ_AT_IMPORT=other"], "READ_AT_IMPORT changed since the template read it while importing"),
-    (["LD_PRELOAD="], "LD_PRELOAD changed since the template started (read at exec only)"),
-    (["PYTHONHASHSEED=7"], "PYTHONHASHSEED changed since the template started (read at exec only)"),
+    (["LD_PRELOAD="], "LD_PRELOAD changed since the template started (read at exec only: LD_PRELOAD set by "
+                      f"__main__:{SETS_LINE}: None -> '')"),
+    (["PYTHONHASHSEED=7"], "PYTHONHASHSEED changed since the template started (read at exec only: PYTHONHASHSEED "
+                           f"set by __main__:{SETS_LINE}: None -> '7')"),
 ])
 def test_a_child_whose_start_would_differ_is_spawned(tmp_path, sets, why):
     out = run(tmp_path, sets=sets)
     assert len(out["imports"]) == 4  # the server, the template, and each spawned child
     assert out["log"].count(f"spawned: {why}") == 2
     assert all(k["ppid"] == out["server"] for k in out["children"])
+
+
+def test_a_library_path_the_server_extends_names_who_and_what(tmp_path):
+    """On the H200 something in SGLang's server added to LD_LIBRARY_PATH after the template started:
+    the log says who and which entries, so the operator (and the preload list) can act on it."""
+    out = run(tmp_path, sets=["LD_LIBRARY_PATH=/opt/first:/opt/cuda/lib"], env={"LD_LIBRARY_PATH": "/opt/first"})
+    assert out["log"].count("spawned: LD_LIBRARY_PATH changed since the template started (read at exec only: "
+                            f"LD_LIBRARY_PATH set by __main__:{SETS_LINE}: +/opt/cuda/lib)") == 2, out["log"]
 
 
 def test_a_variable_no_preloaded_module_read_is_simply_passed_on(tmp_path):

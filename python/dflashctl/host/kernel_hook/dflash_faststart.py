@@ -74,6 +74,7 @@ PID = struct.Struct("!q")
 HEAD = struct.Struct("!II")  # header length, payload length
 
 _server = None  # the Server of this process, once install() started a template
+_exec_only_setters: dict[str, str] = {}  # in the server: variable read at exec -> who first changed it
 _jemalloc_at_fork = False  # jemalloc's background thread ran in the template: each child turns it back on
 _inherited: list[int] = []  # in a child: the descriptors its pickled objects refer to, by index
 
@@ -108,6 +109,32 @@ def install() -> None:
         return
     _server = Server(preload)
     _route_spawn()
+    _note_exec_only_setters()
+
+
+def _note_exec_only_setters() -> None:
+    """Who changes a variable read at exec only (LD_LIBRARY_PATH, ...) in the server after the
+    template started: the log names it where that makes a child spawned. os.environ's setters call
+    the module's putenv/unsetenv, so wrapping those sees every change made through os.environ."""
+    for name in ("putenv", "unsetenv"):
+        real = getattr(os, name, None)
+        if real is None:
+            continue
+
+        def wrapped(key, *value, _real=real):
+            text = os.fsdecode(key)
+            if text.startswith(EXEC_ONLY) and text not in _exec_only_setters:
+                _exec_only_setters[text] = _caller()
+            return _real(key, *value)
+        setattr(os, name, wrapped)
+
+
+def _caller() -> str:
+    """The first frame outside os, collections and this module: module:line."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") in ("os", "_collections_abc", __name__):
+        frame = frame.f_back
+    return f"{frame.f_globals.get('__name__', '?')}:{frame.f_lineno}" if frame is not None else "?"
 
 
 def _route_spawn() -> None:
@@ -136,6 +163,19 @@ def _main_path_entry() -> str:
     if sys.argv[0] == "-m" or not sys.argv[0]:
         return os.getcwd()
     return os.path.dirname(os.path.abspath(sys.argv[0]))
+
+
+def _change(key: str, was: str | None, now: str | None) -> str:
+    """One variable's change, short: who set it and what entries a path list gained or lost."""
+    who = _exec_only_setters.get(key, "not through os.environ")
+    if was is not None and now is not None and ":" in f"{was}{now}":
+        old, new = was.split(":"), now.split(":")
+        gained = [p for p in new if p not in old]
+        lost = [p for p in old if p not in new]
+        what = ", ".join([f"+{p}" for p in gained] + [f"-{p}" for p in lost]) or "reordered"
+    else:
+        what = f"{was!r} -> {now!r}"
+    return f"{key} set by {who}: {what[:300]}"
 
 
 class Server:
@@ -181,7 +221,8 @@ class Server:
         differ = {k for k in set(self.env) | set(os.environ) if self.env.get(k) != os.environ.get(k)}
         exec_only = sorted(k for k in differ if k.startswith(EXEC_ONLY))
         if exec_only:
-            return f"{', '.join(exec_only)} changed since the template started (read at exec only)"
+            changes = "; ".join(_change(k, self.env.get(k), os.environ.get(k)) for k in exec_only)
+            return f"{', '.join(exec_only)} changed since the template started (read at exec only: {changes})"
         read = sorted(differ & set(state.get("env_read", [])))
         if read:
             return f"{', '.join(read)} changed since the template read it while importing"
