@@ -61,7 +61,8 @@ def run(tmp_path, preload=("heavy",), setting=True, sets=(), env=None, program=P
     log = tmp_path / "imports"
     log.unlink(missing_ok=True)
     child_env = {k: v for k, v in os.environ.items() if k != faststart.ENV}
-    child_env.update(PYTHONPATH=str(kernels.HOOK_DIR), IMPORT_LOG=str(log), SET_AT_START="yes", **(env or {}))
+    child_env.update(PYTHONPATH=str(kernels.HOOK_DIR), IMPORT_LOG=str(log), SET_AT_START="yes")
+    child_env.update(env or {})
     if setting is True:
         child_env[faststart.ENV] = str(tmp_path / "list.json")
     elif setting:
@@ -116,6 +117,22 @@ def test_a_library_path_the_server_extends_names_who_and_what(tmp_path):
     out = run(tmp_path, sets=["LD_LIBRARY_PATH=/opt/first:/opt/cuda/lib"], env={"LD_LIBRARY_PATH": "/opt/first"})
     assert out["log"].count("spawned: LD_LIBRARY_PATH changed since the template started (read at exec only: "
                             f"LD_LIBRARY_PATH set by __main__:{SETS_LINE}: +/opt/cuda/lib)") == 2, out["log"]
+
+
+def test_the_interpreter_s_own_sitecustomize_runs_before_the_template_starts(tmp_path):
+    """An image's sitecustomize (which the hook's shadows and runs) that extends LD_LIBRARY_PATH: the
+    template starts from the environment after it, so the children are forked, their loader seeing
+    what a spawned child's would."""
+    site = tmp_path / "image-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        'import os\nos.environ["LD_LIBRARY_PATH"] = "/opt/image/lib:" + os.environ.get("LD_LIBRARY_PATH", "")\n')
+    program = PROGRAM.replace('"set": os.environ.get("SET_AT_START")',
+                              '"set": os.environ.get("SET_AT_START"), "ld": os.environ.get("LD_LIBRARY_PATH")')
+    out = run(tmp_path, program=program,
+              env={"PYTHONPATH": f"{kernels.HOOK_DIR}:{site}", "LD_LIBRARY_PATH": "/opt/first"})
+    assert out["log"].count("forked from the template") == 2, out["log"]
+    assert all(k["ld"] == "/opt/image/lib:/opt/first" for k in out["children"]), out["children"]
 
 
 def test_a_variable_no_preloaded_module_read_is_simply_passed_on(tmp_path):

@@ -1,10 +1,12 @@
 """Python imports this at start-up because dflashctl put its directory first on PYTHONPATH.
 
-It starts the template SGLang's children fork from (dflash_faststart.py: only in the instance's
-server process, only with $DFLASH_FASTSTART; first, so that its imports run beside the server's),
-installs the prebuilt-kernel hook (dflash_kernel_hook.py: `install` patches what this process's
-settings ask for, nothing when none do), then runs the interpreter's own sitecustomize, which this
-file shadows (nixpkgs' Python has one: it reads NIX_PYTHONPATH).
+It installs the prebuilt-kernel hook (dflash_kernel_hook.py: `install` patches what this process's
+settings ask for, nothing when none do), runs the interpreter's own sitecustomize, which this file
+shadows (nixpkgs' Python has one: it reads NIX_PYTHONPATH), then starts the template SGLang's
+children fork from (dflash_faststart.py: only in the instance's server process, only with
+$DFLASH_FASTSTART). The template comes after the interpreter's own start-up: an image's
+sitecustomize may change what the loader reads at exec (LD_LIBRARY_PATH, say), and
+the template must start from the environment the server's children would be spawned with.
 """
 import importlib.machinery
 import importlib.util
@@ -12,13 +14,6 @@ import os
 import sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
-
-try:
-    import dflash_faststart
-    dflash_faststart.install()
-except Exception as e:  # never stop SGLang: without the template it spawns its children as always
-    print(f"[dflash faststart] off ({type(e).__name__}: {e}); SGLang spawns its children as before",
-          file=sys.stderr)
 
 try:
     import dflash_kernel_hook
@@ -39,3 +34,10 @@ def _run_the_shadowed_one() -> None:
 
 
 _run_the_shadowed_one()
+
+try:
+    import dflash_faststart
+    dflash_faststart.install()
+except Exception as e:  # never stop SGLang: without the template it spawns its children as always
+    print(f"[dflash faststart] off ({type(e).__name__}: {e}); SGLang spawns its children as before",
+          file=sys.stderr)
