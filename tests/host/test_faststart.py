@@ -16,6 +16,7 @@ import pytest
 
 from conftest import jemalloc_or_skip
 from dflashctl.host import faststart, kernels, probes
+from dflashctl.host.kernel_hook import dflash_faststart as faststart_hook
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux only")
 
@@ -97,24 +98,48 @@ def test_off_is_plain_spawn(tmp_path, setting):
     assert "[dflash faststart]" not in out["log"]
 
 
-@pytest.mark.parametrize("sets, why", [
-    (["READ_AT_IMPORT=other"], "READ_AT_IMPORT changed since the template read it while importing"),
-    (["LD_PRELOAD="], "LD_PRELOAD changed since the template started (read at exec only: LD_PRELOAD set by "
-                      f"__main__:{SETS_LINE}: None -> '')"),
-    (["PYTHONHASHSEED=7"], "PYTHONHASHSEED changed since the template started (read at exec only: PYTHONHASHSEED "
-                           f"set by __main__:{SETS_LINE}: None -> '7')"),
-])
-def test_a_child_whose_start_would_differ_is_spawned(tmp_path, sets, why):
-    out = run(tmp_path, sets=sets)
+def test_a_variable_the_templates_imports_read_that_changes_later_makes_the_child_spawned(tmp_path):
+    out = run(tmp_path, sets=["READ_AT_IMPORT=other"])
     assert len(out["imports"]) == 4  # the server, the template, and each spawned child
-    assert out["log"].count(f"spawned: {why}") == 2
+    assert out["log"].count("spawned: READ_AT_IMPORT changed since the template read it while importing") == 2
     assert all(k["ppid"] == out["server"] for k in out["children"])
 
 
-def test_a_library_path_the_server_extends_names_who_and_what(tmp_path):
-    """On the H200 something in SGLang's server added to LD_LIBRARY_PATH after the template started:
-    the log says who and which entries, so the operator (and the preload list) can act on it."""
-    out = run(tmp_path, sets=["LD_LIBRARY_PATH=/opt/first:/opt/cuda/lib"], env={"LD_LIBRARY_PATH": "/opt/first"})
+# The child reports what its loader and interpreter were started with (/proc/self/environ is the
+# environment of its exec: for a forked child, the template's) and a string hash (PYTHONHASHSEED).
+REPORTS_ITS_START = PROGRAM.replace(
+    '"set": os.environ.get("SET_AT_START")',
+    '"set": os.environ.get("SET_AT_START"), "hash": hash("dflash"), "exec_env": dict(kv.split("=", 1) for kv in '
+    'open("/proc/self/environ").read().split("\\0") if "=" in kv)')
+
+
+def hash_with_seed(seed: str) -> int:
+    r = subprocess.run([sys.executable, "-c", 'print(hash("dflash"))'], env={**os.environ, "PYTHONHASHSEED": seed},
+                       capture_output=True, text=True, check=True)
+    return int(r.stdout)
+
+
+@pytest.mark.parametrize("key, value", [("LD_LIBRARY_PATH", "/opt/first:/opt/cuda/lib"), ("PYTHONHASHSEED", "7"),
+                                        ("LD_PRELOAD", "")])
+def test_a_variable_read_at_exec_that_the_server_changes_starts_the_template_over(tmp_path, key, value):
+    """On the H200 SGLang's server changed LD_LIBRARY_PATH after the template had started, and every
+    child was spawned. The template starts over from the server's new environment: the children are
+    forked, and what their loader and interpreter were started with is what a spawned child's is."""
+    out = run(tmp_path, sets=[f"{key}={value}"], env={"LD_LIBRARY_PATH": "/opt/first"}, program=REPORTS_ITS_START)
+    assert (f"template: {key} changed in the server (set by __main__:{SETS_LINE}); it starts over from the new "
+            "environment") in out["log"]
+    assert out["log"].count("forked from the template") == 2, out["log"]
+    assert not {k["pid"] for k in out["children"]} & set(out["imports"])
+    for k in out["children"]:
+        assert k["exec_env"].get(key) == value and k["ppid"] == out["server"]
+        if key == "PYTHONHASHSEED":
+            assert k["hash"] == hash_with_seed(value)
+
+
+def test_a_server_that_keeps_changing_them_spawns_its_children_naming_who_and_what(tmp_path):
+    sets = ["LD_PRELOAD=", "PYTHONHASHSEED=7", "LD_BIND_NOW=1", "LD_LIBRARY_PATH=/opt/first:/opt/cuda/lib"]
+    out = run(tmp_path, sets=sets, env={"LD_LIBRARY_PATH": "/opt/first"})
+    assert out["log"].count("it starts over from the new environment") == faststart_hook.MAX_TEMPLATE_RESTARTS == 3
     assert out["log"].count("spawned: LD_LIBRARY_PATH changed since the template started (read at exec only: "
                             f"LD_LIBRARY_PATH set by __main__:{SETS_LINE}: +/opt/cuda/lib)") == 2, out["log"]
 
@@ -301,7 +326,11 @@ BUNDLED_JEMALLOC = """
 import ctypes, os
 lib = ctypes.CDLL(os.environ["BUNDLED_ALLOCATOR"])
 lib.malloc.restype, lib.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
-lib.free(lib.malloc(1 << 20))  # its first allocation starts its background thread
+lib.free(lib.malloc(1 << 20))  # its first allocation starts its background thread, soon after
+for _ in range(500):
+    if "jemalloc_bg_thd" in [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]:
+        break
+    __import__("time").sleep(0.01)
 """
 
 

@@ -63,7 +63,8 @@ SELF_CHECK_WAIT_S = 150.0
 REPARENT_WAIT_S = 10.0  # the middle process exits at once; this bounds a stuck start
 FORK_PROBE_WAIT_S = 60.0  # the test child's cuInit: well under a second on an H200
 JEMALLOC_THREAD = "jemalloc_bg_thd"  # the name jemalloc gives its background threads
-MAX_LEFT_OUT = 3  # entries a template may leave out (starting over each time) before it gives up
+MAX_LEFT_OUT = 3
+MAX_TEMPLATE_RESTARTS = 3  # a server that keeps changing what the loader reads: its children are spawned  # entries a template may leave out (starting over each time) before it gives up
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 CUDA_ERROR_NOT_INITIALIZED = 3
@@ -113,9 +114,10 @@ def install() -> None:
 
 
 def _note_exec_only_setters() -> None:
-    """Who changes a variable read at exec only (LD_LIBRARY_PATH, ...) in the server after the
-    template started: the log names it where that makes a child spawned. os.environ's setters call
-    the module's putenv/unsetenv, so wrapping those sees every change made through os.environ."""
+    """A variable read at exec only (LD_LIBRARY_PATH, ...) that the server changes after the template
+    started: the template starts over from the new environment (Server.follow), and who changed it
+    is named where a child is spawned after all. os.environ's setters call the module's
+    putenv/unsetenv, so wrapping those sees every change made through os.environ."""
     for name in ("putenv", "unsetenv"):
         real = getattr(os, name, None)
         if real is None:
@@ -123,9 +125,12 @@ def _note_exec_only_setters() -> None:
 
         def wrapped(key, *value, _real=real):
             text = os.fsdecode(key)
-            if text.startswith(EXEC_ONLY) and text not in _exec_only_setters:
-                _exec_only_setters[text] = _caller()
-            return _real(key, *value)
+            done = _real(key, *value)
+            if text.startswith(EXEC_ONLY):
+                who = _exec_only_setters.setdefault(text, _caller())
+                if _server is not None:
+                    _server.follow(text, os.fsdecode(value[0]) if value else None, who)
+            return done
         setattr(os, name, wrapped)
 
 
@@ -182,17 +187,40 @@ class Server:
     """The template, seen from the server process: started at once, asked for each child."""
 
     def __init__(self, preload: list[str]):
-        import subprocess
         import multiprocessing.spawn as spawn
+        self.preload = preload
         self.started = time.monotonic()
         self.executable = os.fsdecode(spawn.get_executable())
-        self.env = dict(os.environ)
         self.state: dict | None = None
+        self.restarts = 0
+        self._start(dict(os.environ))
+
+    def _start(self, env: dict) -> None:
+        import subprocess
+        self.env = env
         self.sock, theirs = socket.socketpair()
-        argv = _boot_argv(theirs.fileno(), os.getpid(), {"preload": preload, "path0": _main_path_entry()})
-        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                     env=self.env)
+        argv = _boot_argv(theirs.fileno(), os.getpid(), {"preload": self.preload, "path0": _main_path_entry()})
+        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         theirs.close()
+
+    def follow(self, key: str, value: str | None, who: str) -> None:
+        """A variable read at exec changed in the server before its first child: the template starts
+        over from the environment that child would be spawned with (its loader, its hash seed)."""
+        if self.state is not None or self.restarts >= MAX_TEMPLATE_RESTARTS:
+            return  # a child started already, or too many changes: why_not spawns, naming the change
+        env = dict(os.environ)  # os.environ changes after its putenv: the new value is applied here
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+        if env == self.env:
+            return
+        self.proc.kill()
+        self.proc.wait()
+        self.sock.close()
+        self.restarts += 1
+        say(f"template: {key} changed in the server (set by {who}); it starts over from the new environment")
+        self._start(env)
 
     def ready(self, at_least: float = READY_MIN_WAIT_S) -> dict:
         """The template's report (read once; waits for it the first time a child starts, at most
@@ -810,6 +838,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 def _fork_twice(sock, fds: list[int], header: dict, payload: bytes, server_pid: int) -> None:
     """The middle process exits at once, so the child is re-parented to the server (a subreaper)."""
+    global _jemalloc_at_fork
+    _jemalloc_at_fork = _jemalloc_at_fork or JEMALLOC_THREAD in _threads()  # jemalloc starts it lazily
     try:
         middle = os.fork()
     except OSError:
