@@ -1,5 +1,6 @@
 # SGLang from the lock, patched, or swapped: overlay arguments sglangPatches, sglangPatchFlags
-# and sglangSrc (docs/nix.md shows DDTree as the example).
+# and sglangSrc (docs/nix.md shows DDTree as the example). The locked wheel also gets its IPython
+# import made lazy (lazyIPython below).
 {
   lib,
   python,
@@ -16,6 +17,28 @@ let
   isTree = sglangSrc != null && !isWheel;
   # Reading a fetched tree's pyproject.toml imports from a derivation (allowed by default).
   tree = nixLib.pyproject.read "${sglangSrc}/python/pyproject.toml";
+  # The locked wheel's sglang/utils.py imports IPython at module level for one notebook helper,
+  # print_highlight, that a server never calls; that import brings IPython, prompt_toolkit and
+  # jedi (about 630 modules, ~4 % of each server process's imports on the H200) into every
+  # process of every instance (docs/benchmarks.md, "the first import"). The import moves into
+  # the helper, which behaves as before. `dflashctl audit` checks both texts against the locked
+  # wheel; another SGLang (sglangSrc) is left as it is, and after sglangPatches (which may have
+  # moved the line) a missing text only warns.
+  replace = if sglangPatches == [ ] then "--replace-fail" else "--replace-warn";
+  # What to compile again: what the patches may have touched, or the one edited file.
+  edited = if sglangPatches != [ ] then "sglang" else "sglang/utils.py";
+  lazyIPython = lib.optionalString (sglangSrc == null) ''
+    substituteInPlace $out/${python.sitePackages}/sglang/utils.py ${replace} '
+    from IPython.display import HTML, display
+    ' '
+    '
+    substituteInPlace $out/${python.sitePackages}/sglang/utils.py ${replace} '
+    def print_highlight(html_content: str):
+    ' '
+    def print_highlight(html_content: str):
+        from IPython.display import HTML, display  # dflash fix-up: imported where it is used
+    '
+  '';
 in
 prev:
 lib.optionalAttrs isWheel {
@@ -76,17 +99,25 @@ lib.optionalAttrs isWheel {
     );
   }
 )
-// lib.optionalAttrs (sglangPatches != [ ]) {
+// lib.optionalAttrs (sglangPatches != [ ] || lazyIPython != "") {
   # A wheel has no source tree to patch, so the installed files are patched; upstream patches
-  # say a/python/sglang/..., installed files are sglang/..., hence the default -p2.
-  postInstall = (prev.postInstall or "") + ''
-    pushd $out/${python.sitePackages} >/dev/null
-    for p in ${lib.escapeShellArgs (map (p: "${p}") sglangPatches)}; do
-      echo "applying $p to sglang"
-      patch ${lib.escapeShellArgs sglangPatchFlags} --forward --batch < "$p"
-    done
-    # Byte code compiled before the patch would be stale; rebuild it from the patched files.
-    ${python.interpreter} -m compileall -q -f --invalidation-mode checked-hash sglang >/dev/null
-    popd >/dev/null
-  '';
+  # say a/python/sglang/..., installed files are sglang/..., hence the default -p2. The patches
+  # go first (they are made against upstream's text), then the import fix-up (lazyIPython).
+  postInstall =
+    (prev.postInstall or "")
+    + lib.optionalString (sglangPatches != [ ]) ''
+      pushd $out/${python.sitePackages} >/dev/null
+      for p in ${lib.escapeShellArgs (map (p: "${p}") sglangPatches)}; do
+        echo "applying $p to sglang"
+        patch ${lib.escapeShellArgs sglangPatchFlags} --forward --batch < "$p"
+      done
+      popd >/dev/null
+    ''
+    + lazyIPython
+    + ''
+      # Byte code compiled before these edits would be stale; rebuild it from the edited files.
+      pushd $out/${python.sitePackages} >/dev/null
+      ${python.interpreter} -m compileall -q -f --invalidation-mode checked-hash ${edited} >/dev/null
+      popd >/dev/null
+    '';
 }

@@ -19,6 +19,7 @@ import pytest
 
 from conftest import REPO, nix_or_skip, update_golden
 from fakehost import V580, fake_nvml
+from fixup_shell import locked_wheel, run_script, unpack
 from nixeval import nix_env
 
 DATA = REPO / "tests/data/fixups"
@@ -26,22 +27,6 @@ SITE = "lib/python3.12/site-packages"
 # fix-up -> (the file it patches inside site-packages, its excerpt in tests/data/fixups)
 PATCHED = {"nvidia-ml-py": "pynvml.py",
            "cuda-pathfinder": "cuda/pathfinder/_dynamic_libs/load_dl_linux.py"}
-SUBSTITUTE_IN_PLACE = r'''
-substituteInPlace() {
-  "$PYTHON" - "$@" <<'EOF'
-import sys
-path, args = sys.argv[1], sys.argv[2:]
-text = open(path).read()
-while args:
-    flag, old, new, args = args[0], args[1], args[2], args[3:]
-    assert flag == "--replace-fail", flag
-    if old not in text:
-        sys.exit(f"substituteInPlace: pattern {old!r} not found in {path}")
-    text = text.replace(old, new)
-open(path, "w").write(text)
-EOF
-}
-'''
 
 
 def post_install(name: str, driver_link: str) -> str:
@@ -54,9 +39,7 @@ def post_install(name: str, driver_link: str) -> str:
 
 
 def run_fixup(name: str, out: Path, driver_link: str = "/run/opengl-driver") -> subprocess.CompletedProcess:
-    script = "set -eu\n" + SUBSTITUTE_IN_PLACE + post_install(name, driver_link)
-    return subprocess.run(["bash", "-c", script], env={**os.environ, "out": str(out), "PYTHON": sys.executable},
-                          capture_output=True, text=True)
+    return run_script(post_install(name, driver_link), out)
 
 
 @pytest.mark.golden
@@ -78,29 +61,6 @@ def test_golden_patched_excerpt(name, tmp_path):
 
 
 # ---------------------------------------------------------------- the real wheels, with network
-
-def locked_wheel(name: str, dest: Path) -> Path:
-    """The lock's wheel of `name`, downloaded by file name and sha256 as test_lock_network does."""
-    from dflashctl.lock import lockfile
-    from dflashctl.lock.export import requirements_text
-    lock = lockfile.load(REPO / "nix/python-lock.json")
-    line = next(ln for ln in requirements_text(lock, "x86_64-linux").splitlines() if ln.startswith(f"{name}=="))
-    (dest / "req.txt").write_text(line + "\n")
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
-                        "--only-binary=:all:", "-r", str(dest / "req.txt"), "-d", str(dest / "dl")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    (wheel,) = (dest / "dl").iterdir()
-    assert wheel.name == lock.systems["x86_64-linux"][name].file
-    return wheel
-
-
-def unpack(wheel: Path, out: Path) -> Path:
-    site = out / SITE
-    with zipfile.ZipFile(wheel) as z:
-        z.extractall(site)
-    return site
-
 
 def python_without_driver_path(site: Path, code: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}

@@ -1,0 +1,178 @@
+"""The sglang fix-up that moves sglang/utils.py's module-level IPython import into the one helper
+that uses it (overlays/fixups/sglang.nix, `lazyIPython`; issue 44's first import): its install
+script evaluated by Nix and run as the build runs it.
+
+Offline: over a module of the same shape written here, with a stand-in IPython that records its
+import. With network: over the locked wheel, where no module of the sglang package imports
+IPython any more when it is imported, and the helper still does when it is called."""
+
+import ast
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, nix_or_skip
+from fixup_shell import SITE, locked_wheel, run_script, unpack
+from nixeval import nix_env
+
+pytestmark = pytest.mark.nix
+
+# The two lines the fix-up looks for, in a module of our own with utils.py's shape.
+SHAPED_UTILS = '''import json
+from IPython.display import HTML, display
+from json import dumps
+
+
+def is_in_ci():
+    return True
+
+
+def print_highlight(html_content: str):
+    if is_in_ci():
+        display(HTML(f"<b>{html_content}</b>"))
+    else:
+        print(html_content)
+'''
+STAND_IN_IPYTHON = '''import os
+with open(os.environ["IPYTHON_IMPORTED"], "a") as f:
+    f.write("imported\\n")
+
+def HTML(text):
+    return "HTML:" + text
+
+def display(obj):
+    print("displayed", obj)
+'''
+
+
+def post_install(patches: str = "[ ]", src: str = "null") -> str:
+    expr = (f'let lib = import {REPO}/tests/nix/stub-nixpkgs/lib.nix; in ((import {REPO}/overlays/fixups/sglang.nix '
+            f'{{ inherit lib; python = {{ sitePackages = "{SITE}"; interpreter = "python3.12"; }}; packages = {{ }}; '
+            f'options = {{ sglangPatches = {patches}; sglangPatchFlags = [ "-p2" ]; sglangSrc = {src}; }}; }}) '
+            f'{{ }}).postInstall or ""')
+    done = subprocess.run([nix_or_skip(), "eval", "--impure", "--raw", "--expr", expr], capture_output=True,
+                          text=True, env=nix_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def stand_in_ipython(tmp_path: Path) -> Path:
+    root = tmp_path / "ipython"
+    (root / "IPython").mkdir(parents=True, exist_ok=True)
+    (root / "IPython/__init__.py").write_text("")
+    (root / "IPython/display.py").write_text(STAND_IN_IPYTHON)
+    return root
+
+
+def import_then_call(site: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Import sglang.utils (the shaped one), note whether IPython came with it, then call the helper."""
+    record = tmp_path / "ipython-imported"
+    record.unlink(missing_ok=True)
+    code = ("import sys, sglang.utils as u; print('at import:', 'IPython' in sys.modules); "
+            "u.print_highlight('hello')")
+    env = {"PATH": "/usr/bin:/bin", "IPYTHON_IMPORTED": str(record),
+           "PYTHONPATH": f"{site}:{stand_in_ipython(tmp_path)}"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    return done, record.read_text().splitlines() if record.exists() else []
+
+
+def shaped_site(tmp_path: Path) -> Path:
+    site = tmp_path / "out" / SITE
+    (site / "sglang").mkdir(parents=True)
+    (site / "sglang/__init__.py").write_text("")
+    (site / "sglang/utils.py").write_text(SHAPED_UTILS)
+    return site
+
+
+def test_the_helper_imports_ipython_when_called_not_the_module(tmp_path):
+    site = shaped_site(tmp_path)
+    before, imported = import_then_call(site, tmp_path)
+    assert before.returncode == 0, before.stderr
+    assert before.stdout.splitlines()[0] == "at import: True" and imported == ["imported"]
+
+    done = run_script(post_install(), tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    after, imported = import_then_call(site, tmp_path)
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.splitlines() == ["at import: False", "displayed HTML:<b>hello</b>"]
+    assert imported == ["imported"]  # by the call, once
+    assert list((site / "sglang/__pycache__").glob("utils.*.pyc"))  # byte code of the edited file
+
+
+def test_a_wheel_without_the_line_stops_the_build(tmp_path):
+    """--replace-fail: a re-lock to an SGLang whose utils.py changed fails the build (and `dflashctl
+    audit`) instead of leaving the import silently in place."""
+    site = shaped_site(tmp_path)
+    assert run_script(post_install(), tmp_path / "out").returncode == 0
+    again = run_script(post_install(), tmp_path / "out")
+    assert again.returncode != 0 and "not found" in again.stderr
+    assert "from IPython.display" in (site / "sglang/utils.py").read_text()  # the helper's own import
+
+
+def test_after_patches_a_moved_line_only_warns(tmp_path):
+    """sglangPatches are applied first and may have changed utils.py: the edit then warns."""
+    patch = tmp_path / "noop.patch"
+    patch.write_text("")
+    site = shaped_site(tmp_path)
+    (site / "sglang/utils.py").write_text(SHAPED_UTILS.replace("from IPython.display import HTML, display\n", ""))
+    script = post_install(f"[ {patch} ]")
+    assert "--replace-warn" in script and "--replace-fail" not in script
+    done = run_script(script, tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert "warning" in done.stderr
+
+
+def test_another_sglang_is_left_as_it_is():
+    assert "substituteInPlace" not in post_install(src='"/store/sglang-0.5.12-cp312-cp312-manylinux_2_34_x86_64.whl"')
+
+
+# ---------------------------------------------------------------- the locked wheel, with network
+
+def imports_at_module_level(tree: ast.Module) -> list[str]:
+    """The modules a file imports when it is imported: its top level, the branches of its ifs,
+    trys and withs, and class bodies; not function bodies."""
+    found, todo = [], list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append(node.module)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo += [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt)]
+            for handler in getattr(node, "handlers", []):
+                todo += handler.body
+    return found
+
+
+def ipython_importers(package: Path) -> list[str]:
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        with warnings.catch_warnings():  # SGLang's own invalid escapes, not ours to report
+            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tree = ast.parse(path.read_bytes(), str(path))
+        if any(m == "IPython" or m.startswith("IPython.") for m in imports_at_module_level(tree)):
+            out.append(str(path.relative_to(package.parent)))
+    return out
+
+
+@pytest.mark.network
+def test_no_module_of_the_locked_sglang_imports_ipython_when_imported(tmp_path):
+    wheel = locked_wheel("sglang", tmp_path)
+    site = unpack(wheel, tmp_path / "out")
+    assert ipython_importers(site / "sglang") == ["sglang/utils.py"]
+    done = run_script(post_install(), tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert ipython_importers(site / "sglang") == []
+    tree = ast.parse((site / "sglang/utils.py").read_text())
+    helper = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "print_highlight")
+    first = helper.body[0]
+    assert isinstance(first, ast.ImportFrom) and first.module == "IPython.display"
+    assert {a.name for a in first.names} == {"HTML", "display"}
+    # nothing else in the module used the names the import gave it
+    others = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in ("HTML", "display")]
+    assert {n.lineno for n in others} <= {n.lineno for n in ast.walk(helper) if isinstance(n, ast.Name)}
