@@ -28,10 +28,36 @@ unpack_payload() {
   mkdir -p "$SITE" && xz -d -T8 <"$1/payload.tar.xz" | tar -x -C "$SITE" && touch "$SITE/.unpacked"
 }
 
+# sglang_fixup: the Nix stack's edits of the locked sglang wheel (overlays/fixups/sglang.nix: the
+# IPython import made lazy) made to $SITE once a machine, read from the fix-up's postInstall as Nix
+# evaluates it ($1, made where Nix is, benchmarks/README.md) with `dflashctl audit`'s own parser;
+# the file as published stays beside each edited one as NAME.orig. No such file: say so, go on.
+sglang_fixup() {
+  [ -f "$SITE/.sglang-fixup" ] && return 0
+  [ -f "$1" ] || { say "no $1: the payload's sglang is the wheel as published, not the Nix stack's"; return 0; }
+  PYTHONPATH=$PWD/python ${PY:-python3} - "$1" "$SITE" <<'PYEOF' || return 3
+import os, shutil, sys
+from dflashctl.lock.fixup_scripts import effects
+script, site = sys.argv[1], sys.argv[2]
+edits = effects(open(script).read()).replacements
+for r in edits:
+    path = f"{site}/{r.path.split('/site-packages/', 1)[1]}"
+    text = open(path).read()
+    if r.old not in text:
+        sys.exit(f"sglang fix-up: {r.old!r} is not in {path}")
+    if not os.path.exists(path + ".orig"):
+        shutil.copyfile(path, path + ".orig")
+    open(path, "w").write(text.replace(r.old, r.new))
+print(f"sglang fix-up: {len(edits)} edit(s) made to {sorted({r.path.rsplit('/', 1)[1] for r in edits})}", file=sys.stderr)
+PYEOF
+  touch "$SITE/.sglang-fixup"
+}
+
 # stack_setup: the payload of $PAYLOAD_DIR (default .gpu) unpacked, $SITE on PYTHONPATH (each script
 # puts this tree's python/ in front itself), no hub access, unbuffered Python.
 stack_setup() {
   unpack_payload "${PAYLOAD_DIR:-$PWD/.gpu}" || return $?
+  sglang_fixup "${PAYLOAD_DIR:-$PWD/.gpu}/sglang-postinstall.sh" || return $?
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} ;; esac
 }

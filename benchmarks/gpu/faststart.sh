@@ -4,6 +4,9 @@
 #   setup   byte code as a Nix build writes it (compileall, checked-hash) over the payload and the
 #           device's site-packages, then `prebuilt_kernels.sh build` (the flake's prebuilt kernels,
 #           /tmp/i21/prebuilt; kept while the machine stays warm)
+#   imports the server's first import (`import sglang.launch_server` in a fresh interpreter) with the
+#           Nix stack's sglang fix-up (IPython's import made lazy; common.sh's sglang_fixup) and
+#           without it, alternating, $IMPORT_RUNS (3) each
 #   doctor  doctor's faststart line: the stack's interpreter runs a template over SGLang 0.5.11's
 #           list and forks one child through it (which entries it left out, the forked test child's cuInit)
 #   nccl    NCCL in a forked child: a template preloading that list, one child forked from it that
@@ -37,7 +40,7 @@ rm -rf "$RUNS_DIR"; mkdir -p "$RUNS_DIR"
   echo "== timeline (seconds since the script started)"
 } >"$summary"
 
-STEPS=${STEPS:-setup doctor nccl death smokes}
+STEPS=${STEPS:-setup imports doctor nccl death smokes}
 RUNS=${RUNS:-on1 off1 on2 off2 on3 off3}
 want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
@@ -54,6 +57,28 @@ if [ ! -f "$K/index.json" ]; then
 fi
 fi
 [ -f "$K/index.json" ] && stamp "prebuilt kernels: $K" || stamp "no prebuilt kernels: the runs compile (say so)"
+
+# 1b. the first import with the sglang fix-up (IPython's import made lazy) and as published: a fresh
+# interpreter importing the server's main module, alternating, $IMPORT_RUNS (3) of each after one
+# unmeasured; the fix-up's edit stays in place afterwards
+if want imports; then
+U=$SITE/sglang/utils.py
+if [ -f "$U.orig" ]; then
+  cp "$U" /tmp/i44/utils.lazy
+  cp "$U.orig" /tmp/i44/utils.orig
+  probe='import sys, time; t = time.perf_counter(); import sglang.launch_server; d = time.perf_counter() - t; print(round(d, 2), "s, IPython imported:", "IPython" in sys.modules, len(sys.modules), "modules")'
+  $PY -c "$probe" >/dev/null 2>&1
+  for i in $(seq "${IMPORT_RUNS:-3}"); do
+    for variant in orig lazy; do
+      cp "/tmp/i44/utils.$variant" "$U"
+      stamp "import sglang.launch_server, utils.py $variant: $($PY -c "$probe" 2>&1 | tail -n1)"
+    done
+  done
+  cp /tmp/i44/utils.lazy "$U"
+else
+  stamp "imports: skipped, the sglang fix-up was not applied (no $U.orig)"
+fi
+fi
 
 # 2. doctor
 if want doctor; then
