@@ -148,15 +148,29 @@ def imports_at_module_level(tree: ast.Module) -> list[str]:
     return found
 
 
+def parse(path: Path) -> ast.Module:
+    with warnings.catch_warnings():  # SGLang's own invalid escapes are not ours to report
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ast.parse(path.read_bytes(), str(path))
+
+
 def ipython_importers(package: Path) -> list[str]:
     out = []
     for path in sorted(package.rglob("*.py")):
-        with warnings.catch_warnings():  # SGLang's own invalid escapes, not ours to report
-            warnings.simplefilter("ignore", SyntaxWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            tree = ast.parse(path.read_bytes(), str(path))
+        tree = parse(path)
         if any(m == "IPython" or m.startswith("IPython.") for m in imports_at_module_level(tree)):
             out.append(str(path.relative_to(package.parent)))
+    return out
+
+
+def names_taken_from(package: Path, module: str) -> list[tuple[str, set[str]]]:
+    """(file, names) of each `from MODULE import names` anywhere in the package."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        tree = parse(path)
+        out += [(str(path), {a.name for a in n.names}) for n in ast.walk(tree)
+                if isinstance(n, ast.ImportFrom) and n.module == module]
     return out
 
 
@@ -173,6 +187,7 @@ def test_no_module_of_the_locked_sglang_imports_ipython_when_imported(tmp_path):
     first = helper.body[0]
     assert isinstance(first, ast.ImportFrom) and first.module == "IPython.display"
     assert {a.name for a in first.names} == {"HTML", "display"}
-    # nothing else in the module used the names the import gave it
+    # no other module takes those names from sglang.utils, and nothing else in it used them
+    assert [f for f in names_taken_from(site / "sglang", "sglang.utils") if {"HTML", "display"} & f[1]] == []
     others = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in ("HTML", "display")]
     assert {n.lineno for n in others} <= {n.lineno for n in ast.walk(helper) if isinstance(n, ast.Name)}
