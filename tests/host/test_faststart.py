@@ -55,9 +55,9 @@ os.environ.get("READ_AT_IMPORT")
 """
 
 
-def run(tmp_path, preload=("heavy",), setting=True, sets=(), env=None, program=PROGRAM):
+def run(tmp_path, preload=("heavy",), setting=True, sets=(), env=None, program=PROGRAM, heavy=HEAVY):
     (tmp_path / "prog.py").write_text(program)
-    (tmp_path / "heavy.py").write_text(HEAVY)
+    (tmp_path / "heavy.py").write_text(heavy)
     (tmp_path / "list.json").write_text(json.dumps({"preload": list(preload)}))
     log = tmp_path / "imports"
     log.unlink(missing_ok=True)
@@ -119,13 +119,23 @@ def hash_with_seed(seed: str) -> int:
     return int(r.stdout)
 
 
-@pytest.mark.parametrize("key, value", [("LD_LIBRARY_PATH", "/opt/first:/opt/cuda/lib"), ("PYTHONHASHSEED", "7"),
+def library_dirs(tmp_path, *names) -> str:
+    """A library path of directories that exist (a change to one the loader would search)."""
+    for name in names:
+        (tmp_path / name).mkdir(exist_ok=True)
+    return ":".join(str(tmp_path / name) for name in names)
+
+
+@pytest.mark.parametrize("key, value", [("LD_LIBRARY_PATH", "{tmp}/first:{tmp}/cuda-lib"), ("PYTHONHASHSEED", "7"),
                                         ("LD_PRELOAD", "")])
 def test_a_variable_read_at_exec_that_the_server_changes_starts_the_template_over(tmp_path, key, value):
     """On the H200 SGLang's server changed LD_LIBRARY_PATH after the template had started, and every
     child was spawned. The template starts over from the server's new environment: the children are
     forked, and what their loader and interpreter were started with is what a spawned child's is."""
-    out = run(tmp_path, sets=[f"{key}={value}"], env={"LD_LIBRARY_PATH": "/opt/first"}, program=REPORTS_ITS_START)
+    library_dirs(tmp_path, "first", "cuda-lib")
+    value = value.format(tmp=tmp_path)
+    out = run(tmp_path, sets=[f"{key}={value}"], env={"LD_LIBRARY_PATH": library_dirs(tmp_path, "first")},
+              program=REPORTS_ITS_START)
     assert (f"template: {key} changed in the server (set by __main__:{SETS_LINE}); it starts over from the new "
             "environment") in out["log"]
     assert out["log"].count("forked from the template") == 2, out["log"]
@@ -137,11 +147,45 @@ def test_a_variable_read_at_exec_that_the_server_changes_starts_the_template_ove
 
 
 def test_a_server_that_keeps_changing_them_spawns_its_children_naming_who_and_what(tmp_path):
-    sets = ["LD_PRELOAD=", "PYTHONHASHSEED=7", "LD_BIND_NOW=1", "LD_LIBRARY_PATH=/opt/first:/opt/cuda/lib"]
-    out = run(tmp_path, sets=sets, env={"LD_LIBRARY_PATH": "/opt/first"})
+    sets = ["LD_PRELOAD=", "PYTHONHASHSEED=7", "LD_BIND_NOW=1",
+            f"LD_LIBRARY_PATH={library_dirs(tmp_path, 'first', 'cuda-lib')}"]
+    out = run(tmp_path, sets=sets, env={"LD_LIBRARY_PATH": library_dirs(tmp_path, "first")})
     assert out["log"].count("it starts over from the new environment") == faststart_hook.MAX_TEMPLATE_RESTARTS == 3
     assert out["log"].count("spawned: LD_LIBRARY_PATH changed since the template started (read at exec only: "
-                            f"LD_LIBRARY_PATH set by __main__:{SETS_LINE}: +/opt/cuda/lib)") == 2, out["log"]
+                            f"LD_LIBRARY_PATH set by __main__:{SETS_LINE}: +{tmp_path}/cuda-lib)") == 2, out["log"]
+
+
+# A preloaded module that reads LD_LIBRARY_PATH while it is imported, as library finders do.
+READS_THE_LIBRARY_PATH = HEAVY.replace('os.environ.get("READ_AT_IMPORT")', 'os.environ.get("LD_LIBRARY_PATH")')
+
+
+@pytest.mark.parametrize("added", ["{tmp}/no-such-lib64:", "{tmp}/no-such-lib64:{tmp}/gone:"])
+def test_a_library_path_that_only_gains_directories_that_do_not_exist_keeps_the_template(tmp_path, added):
+    """On the H200, OpenCV's cv2 (in the image) put its wheel's lib64, which does not exist, in front of
+    LD_LIBRARY_PATH 13 s into the server's imports; the template started over and the server waited
+    9 s for it. The loader searches the same directories either way: the children are forked from
+    the template as it was, and see the server's new value in their environment."""
+    first = library_dirs(tmp_path, "first")
+    value = added.format(tmp=tmp_path) + first
+    program = REPORTS_ITS_START.replace('"set": os.environ.get("SET_AT_START")',
+                                        '"set": os.environ.get("SET_AT_START"), "ld": os.environ.get("LD_LIBRARY_PATH")')
+    out = run(tmp_path, sets=[f"LD_LIBRARY_PATH={value}"], env={"LD_LIBRARY_PATH": first}, program=program,
+              heavy=READS_THE_LIBRARY_PATH)
+    assert "starts over" not in out["log"], out["log"]
+    assert out["log"].count("(directories that do not exist: the loader searches the same; the template goes "
+                            "on)") == 1, out["log"]
+    assert out["log"].count("forked from the template") == 2, out["log"]
+    assert len(out["imports"]) == 2  # the server and the template: no child imported it again
+    for k in out["children"]:
+        assert k["exec_env"]["LD_LIBRARY_PATH"] == first  # the template's loader: the same directories
+        assert k["ld"] == value and k["ppid"] == out["server"]
+
+
+def test_a_library_path_that_gains_an_empty_entry_is_a_change(tmp_path):
+    """An empty entry is the working directory: the loader would search one more directory."""
+    first = library_dirs(tmp_path, "first")
+    out = run(tmp_path, sets=[f"LD_LIBRARY_PATH={first}:"], env={"LD_LIBRARY_PATH": first})
+    assert "LD_LIBRARY_PATH changed in the server" in out["log"] and "starts over" in out["log"], out["log"]
 
 
 def test_the_interpreter_s_own_sitecustomize_runs_before_the_template_starts(tmp_path):

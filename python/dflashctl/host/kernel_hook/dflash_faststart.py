@@ -183,6 +183,26 @@ def _change(key: str, was: str | None, now: str | None) -> str:
     return f"{key} set by {who}: {what[:300]}"
 
 
+def _searched(value: str | None) -> list[str]:
+    """The directories a library path list makes the loader search: its entries less those that are
+    not directories (an empty entry is the working directory, and stays)."""
+    return [p for p in value.split(":") if p == "" or os.path.isdir(p)] if value else []
+
+
+def _same_search(key: str, was: str | None, now: str | None) -> bool:
+    """A library path that only gained or lost directories that do not exist searches the same
+    (on the H200, OpenCV's cv2 put its wheel's `lib64` in front of LD_LIBRARY_PATH for the processes
+    it starts, a directory the wheel does not have): for the loader, and for a module that read it while importing to look
+    for a library, the child forked from a template started before is the child spawn would give."""
+    return key == "LD_LIBRARY_PATH" and _searched(was) == _searched(now)
+
+
+def _exec_differences(was: dict, now: dict) -> list[str]:
+    """The variables read at exec whose change would start a child differently."""
+    return sorted(k for k in set(was) | set(now) if k.startswith(EXEC_ONLY) and was.get(k) != now.get(k)
+                  and not _same_search(k, was.get(k), now.get(k)))
+
+
 class Server:
     """The template, seen from the server process: started at once, asked for each child."""
 
@@ -193,6 +213,7 @@ class Server:
         self.executable = os.fsdecode(spawn.get_executable())
         self.state: dict | None = None
         self.restarts = 0
+        self._same_for_loader: set[str] = set()  # changes said to search the same (said once)
         self._start(dict(os.environ))
 
     def _start(self, env: dict) -> None:
@@ -214,6 +235,12 @@ class Server:
         else:
             env[key] = value
         if env == self.env:
+            return
+        if not _exec_differences(self.env, env):
+            if key not in self._same_for_loader:
+                self._same_for_loader.add(key)
+                say(f"template: {_change(key, self.env.get(key), value)} (directories that do not exist: the "
+                    "loader searches the same; the template goes on)")
             return
         self.proc.kill()
         self.proc.wait()
@@ -246,8 +273,9 @@ class Server:
         import multiprocessing.spawn as spawn
         if os.fsdecode(spawn.get_executable()) != self.executable:
             return f"the child is to run {spawn.get_executable()} (not {self.executable})"
-        differ = {k for k in set(self.env) | set(os.environ) if self.env.get(k) != os.environ.get(k)}
-        exec_only = sorted(k for k in differ if k.startswith(EXEC_ONLY))
+        differ = {k for k in set(self.env) | set(os.environ) if self.env.get(k) != os.environ.get(k)
+                  and not _same_search(k, self.env.get(k), os.environ.get(k))}
+        exec_only = _exec_differences(self.env, dict(os.environ))
         if exec_only:
             changes = "; ".join(_change(k, self.env.get(k), os.environ.get(k)) for k in exec_only)
             return f"{', '.join(exec_only)} changed since the template started (read at exec only: {changes})"
