@@ -105,6 +105,44 @@ def test_a_variable_the_templates_imports_read_that_changes_later_makes_the_chil
     assert all(k["ppid"] == out["server"] for k in out["children"])
 
 
+# scikit-learn's import, in the server and in the template alike (seen on the H100)
+SETS_A_DEFAULT = HEAVY + 'os.environ.setdefault("OPENMP_AT_FORK", "FALSE")\n'
+SETS_A_DEFAULT_LINE = SETS_A_DEFAULT.count("\n")
+REPORTS_IT = PROGRAM.replace('"set": os.environ.get("SET_AT_START")',
+                             '"set": os.environ.get("SET_AT_START"), "omp": os.environ.get("OPENMP_AT_FORK")')
+
+
+def test_a_variable_the_server_s_imports_set_as_the_template_s_did_keeps_the_children_forked(tmp_path):
+    out = run(tmp_path, heavy=SETS_A_DEFAULT, program=REPORTS_IT)
+    assert out["log"].count("forked from the template") == 2, out["log"]
+    assert len(out["imports"]) == 2  # the server and the template only
+    assert out["log"].count(f"template: OPENMP_AT_FORK set by heavy:{SETS_A_DEFAULT_LINE} in the server as in the "
+                            "template's own imports (None -> 'FALSE': the same change; its children fork)") == 1
+    assert all(k["omp"] == "FALSE" for k in out["children"])
+
+
+def test_the_module_that_reads_the_whole_environment_is_named(tmp_path):
+    """Not collections.abc, through which os.environ.items() iterates (on the H200 the log named it)."""
+    out = run(tmp_path, heavy=HEAVY + "sorted(os.environ.items())\n")
+    assert "os.environ read whole while importing by heavy;" in out["log"], out["log"]
+
+
+@pytest.mark.parametrize("how", ["set before the import, by the program", "changed after it"])
+def test_the_same_variable_set_otherwise_still_spawns(tmp_path, how):
+    """The same value written by another line (the module then read it set, as the template's did not),
+    or the template's value changed later: the template's import did not run as the server's."""
+    if how.startswith("set before"):
+        program, sets = REPORTS_IT.replace("import heavy\n", 'os.environ["OPENMP_AT_FORK"] = "FALSE"\nimport heavy\n', 1), []
+    else:
+        program, sets = REPORTS_IT, ["OPENMP_AT_FORK=TRUE"]
+    out = run(tmp_path, heavy=SETS_A_DEFAULT, program=program, sets=sets)
+    assert out["log"].count("spawned: OPENMP_AT_FORK changed since the template read it while importing") == 2, \
+        out["log"]
+    assert "the same change" not in out["log"]
+    assert len(out["imports"]) == 4
+    assert {k["omp"] for k in out["children"]} == {"FALSE" if how.startswith("set before") else "TRUE"}
+
+
 # The child reports what its loader and interpreter were started with (/proc/self/environ is the
 # environment of its exec: for a forked child, the template's) and a string hash (PYTHONHASHSEED).
 REPORTS_ITS_START = PROGRAM.replace(

@@ -31,8 +31,10 @@ What stays as with spawn:
 - the process group (serve signals the whole group, its GPU watch reads NVML by pid);
 - the environment: the child gets the server's environment at the moment of its start. A variable
   that differs from the template's start and that a preloaded module read while it was imported
-  (recorded), or one only the loader or the interpreter read at exec (LD_*, PYTHON*, ...), or another
-  executable (SGLang's numactl wrapper): that child is spawned as before, and the log says why.
+  (recorded; unless the server changed it exactly as the template's own imports did, the same line
+  from the same value to the same value), or one only the loader or the interpreter read at exec
+  (LD_*, PYTHON*, ...), or another executable (SGLang's numactl wrapper): that child is spawned as
+  before, and the log says why.
 Anything the template cannot do (it died, it is not ready when the server has waited as long as it
 has itself run, a check above failed) falls back to spawn, with the reason in the log. The template
 dies with the server (PR_SET_PDEATHSIG). Off: unset $DFLASH_FASTSTART (the instance setting
@@ -75,7 +77,7 @@ PID = struct.Struct("!q")
 HEAD = struct.Struct("!II")  # header length, payload length
 
 _server = None  # the Server of this process, once install() started a template
-_exec_only_setters: dict[str, str] = {}  # in the server: variable read at exec -> who first changed it
+_setters: dict[str, str] = {}  # in the server: variable -> who first changed it through os.environ (module:line)
 _jemalloc_at_fork = False  # jemalloc's background thread ran in the template: each child turns it back on
 _inherited: list[int] = []  # in a child: the descriptors its pickled objects refer to, by index
 
@@ -110,13 +112,14 @@ def install() -> None:
         return
     _server = Server(preload)
     _route_spawn()
-    _note_exec_only_setters()
+    _note_setters()
 
 
-def _note_exec_only_setters() -> None:
-    """A variable read at exec only (LD_LIBRARY_PATH, ...) that the server changes after the template
-    started: the template starts over from the new environment (Server.follow), and who changed it
-    is named where a child is spawned after all. os.environ's setters call the module's
+def _note_setters() -> None:
+    """Who changes each variable in the server, named where a child is spawned after all (and
+    matched against the template's own imports' changes, Server.why_not). A variable read at exec
+    only (LD_LIBRARY_PATH, ...) that the server changes after the template started: the template
+    starts over from the new environment (Server.follow). os.environ's setters call the module's
     putenv/unsetenv, so wrapping those sees every change made through os.environ."""
     for name in ("putenv", "unsetenv"):
         real = getattr(os, name, None)
@@ -126,8 +129,8 @@ def _note_exec_only_setters() -> None:
         def wrapped(key, *value, _real=real):
             text = os.fsdecode(key)
             done = _real(key, *value)
+            who = _setters.setdefault(text, _caller())
             if text.startswith(EXEC_ONLY):
-                who = _exec_only_setters.setdefault(text, _caller())
                 if _server is not None:
                     _server.follow(text, os.fsdecode(value[0]) if value else None, who)
             return done
@@ -135,11 +138,20 @@ def _note_exec_only_setters() -> None:
 
 
 def _caller() -> str:
-    """The first frame outside os, collections and this module: module:line."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__") in ("os", "_collections_abc", __name__):
-        frame = frame.f_back
+    """The first frame outside os, collections and this module: module:line (`os.environ[k] = v`
+    and `os.environ.setdefault(k, v)` name the line that wrote them)."""
+    frame = _outside(sys._getframe(2))
     return f"{frame.f_globals.get('__name__', '?')}:{frame.f_lineno}" if frame is not None else "?"
+
+
+_PASSED_THROUGH = ("os", "_collections_abc", "collections.abc", __name__)  # _collections_abc calls itself collections.abc
+
+
+def _outside(frame):
+    """The first of `frame` and its callers that is not in os, collections or this module."""
+    while frame is not None and frame.f_globals.get("__name__") in _PASSED_THROUGH:
+        frame = frame.f_back
+    return frame
 
 
 def _route_spawn() -> None:
@@ -172,7 +184,7 @@ def _main_path_entry() -> str:
 
 def _change(key: str, was: str | None, now: str | None) -> str:
     """One variable's change, short: who set it and what entries a path list gained or lost."""
-    who = _exec_only_setters.get(key, "not through os.environ")
+    who = _setters.get(key, "not through os.environ")
     if was is not None and now is not None and ":" in f"{was}{now}":
         old, new = was.split(":"), now.split(":")
         gained = [p for p in new if p not in old]
@@ -213,7 +225,7 @@ class Server:
         self.executable = os.fsdecode(spawn.get_executable())
         self.state: dict | None = None
         self.restarts = 0
-        self._same_for_loader: set[str] = set()  # changes said to search the same (said once)
+        self._said_same: set[str] = set()  # changes said to be the same for the children (said once)
         self._start(dict(os.environ))
 
     def _start(self, env: dict) -> None:
@@ -237,8 +249,8 @@ class Server:
         if env == self.env:
             return
         if not _exec_differences(self.env, env):
-            if key not in self._same_for_loader:
-                self._same_for_loader.add(key)
+            if key not in self._said_same:
+                self._said_same.add(key)
                 say(f"template: {_change(key, self.env.get(key), value)} (directories that do not exist: the "
                     "loader searches the same; the template goes on)")
             return
@@ -279,10 +291,26 @@ class Server:
         if exec_only:
             changes = "; ".join(_change(k, self.env.get(k), os.environ.get(k)) for k in exec_only)
             return f"{', '.join(exec_only)} changed since the template started (read at exec only: {changes})"
-        read = sorted(differ & set(state.get("env_read", [])))
+        read = differ & set(state.get("env_read", []))
+        read -= self._same_change_as_template(read, state.get("env_set") or {})
+        read = sorted(read)
         if read:
             return f"{', '.join(read)} changed since the template read it while importing"
         return None
+
+    def _same_change_as_template(self, keys: set[str], template_set: dict) -> set[str]:
+        """The variables the server changed exactly as the template's own imports did: from the same
+        value to the same value, by the same line (on the H100, scikit-learn's import sets
+        KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK with os.environ.setdefault in both processes). That
+        module found and left the variable in the template as it did in the server: a child forked
+        from the template holds it as the server does, and sees the server's environment. Said once."""
+        same = {k for k in keys if template_set.get(k) == {"was": self.env.get(k), "now": os.environ.get(k),
+                                                            "by": _setters.get(k)}}
+        for key in sorted(same - self._said_same):
+            self._said_same.add(key)
+            say(f"template: {key} set by {_setters[key]} in the server as in the template's own imports "
+                f"({self.env.get(key)!r} -> {os.environ.get(key)!r}: the same change; its children fork)")
+        return same
 
     def popen(self, process_obj, spawn_popen):
         why = self.why_not()
@@ -537,21 +565,29 @@ def _die_with(server_pid: int) -> bool:
 
 
 class _RecordingEnviron(os._Environ):
-    """os.environ that notes which variables are read (and who reads all of them) while importing."""
+    """os.environ that notes which variables are read, who writes each (module:line, as the server's
+    _setters) and who reads all of them, while importing."""
 
     def __init__(self, real):
         super().__init__(real._data, real.encodekey, real.decodekey, real.encodevalue, real.decodevalue)
         self.read: set[str] = set()
+        self.written: dict[str, str] = {}
         self.iterated_by: set[str] = set()
 
     def __getitem__(self, key):
         self.read.add(key)
         return super().__getitem__(key)
 
+    def __setitem__(self, key, value):
+        self.written.setdefault(key, _caller())
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key):
+        self.written.setdefault(key, _caller())
+        super().__delitem__(key)
+
     def __iter__(self):
-        frame = sys._getframe(1)
-        while frame is not None and frame.f_globals.get("__name__") in ("os", "_collections_abc", __name__):
-            frame = frame.f_back
+        frame = _outside(sys._getframe(1))
         self.iterated_by.add(frame.f_globals.get("__name__", "?") if frame is not None else "?")
         return super().__iter__()
 
@@ -562,6 +598,7 @@ def preload(entries: list[str], left_out: set[str] = frozenset()) -> dict:
     entry whose import tried to reach CUDA, or failed, ends the loop as `start_over` (what it left
     behind cannot be taken back: the template starts over without it)."""
     real, started = os.environ, time.monotonic()
+    before = dict(real)
     recording = os.environ = _RecordingEnviron(real)
     fence: dict | None = None
     fired: list[str] = []  # what reached the fence, in order
@@ -590,6 +627,8 @@ def preload(entries: list[str], left_out: set[str] = frozenset()) -> dict:
             setattr(holder, name, value)
     state = {"ok": False, "why": None, "seconds": None, "preloaded": done, "missing": missing,
              "env_read": sorted(recording.read), "env_iterated_by": sorted(recording.iterated_by),
+             "env_set": {k: {"was": before.get(k), "now": real.get(k), "by": who}
+                         for k, who in sorted(recording.written.items()) if before.get(k) != real.get(k)},
              "nvml_shutdowns": 0, "jemalloc": None, "fork_probe": None}
     if start_over is not None:
         state["start_over"] = start_over
