@@ -7,6 +7,9 @@
 #   imports the server's first import (`import sglang.launch_server` in a fresh interpreter) with the
 #           Nix stack's sglang fix-up (IPython's import made lazy; common.sh's sglang_fixup) and
 #           without it, alternating, $IMPORT_RUNS (3) each
+#   cudasites  benchmarks/gpu/cuda_at_import.py: where SGLang's own modules (what a scheduler and a
+#           detokenizer import) and the GPU libraries reach CUDA at import, site by site (what a template
+#           preloading them would have to answer without CUDA); cudasites.json, about a minute
 #   doctor  doctor's faststart line: the stack's interpreter runs a template over SGLang 0.5.11's
 #           list and forks one child through it (which entries it left out, the forked test child's cuInit)
 #   nccl    NCCL in a forked child: a template preloading that list, one child forked from it that
@@ -22,7 +25,7 @@
 # [".gpu"]:   bash benchmarks/gpu/faststart.sh
 #             STEPS=smokes RUNS="off2 on3 off3" bash benchmarks/gpu/faststart.sh   (what the first skipped)
 # Writes into $OUT (default ./faststart-out): summary.txt, <label>.json per smoke, doctor.json,
-# nccl.txt, faststart-death.json and its serve log, logs.tar.gz (every server's log and smoke's output).
+# cudasites.txt and .json, nccl.txt, faststart-death.json and its serve log, logs.tar.gz (every server's log and smoke's output).
 set -uo pipefail
 OUT=${OUT:-$PWD/faststart-out}
 mkdir -p "$OUT" /tmp/i21 /tmp/i44
@@ -40,7 +43,7 @@ rm -rf "$RUNS_DIR"; mkdir -p "$RUNS_DIR"
   echo "== timeline (seconds since the script started)"
 } >"$summary"
 
-STEPS=${STEPS:-setup imports doctor nccl death smokes}
+STEPS=${STEPS:-setup imports cudasites doctor nccl death smokes}
 RUNS=${RUNS:-on1 off1 on2 off2 on3 off3}
 want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
@@ -78,6 +81,14 @@ if [ -f "$U.orig" ]; then
 else
   stamp "imports: skipped, the sglang fix-up was not applied (no $U.orig)"
 fi
+fi
+
+# 1c. where SGLang's own modules reach CUDA at import (each call goes on to the driver: a diagnostic)
+if want cudasites; then
+s=$(ms)
+timeout 300 $PY benchmarks/gpu/cuda_at_import.py --json "$OUT/cudasites.json" >"$OUT/cudasites.txt" 2>&1
+stamp "cudasites: exit $? after $(secs_since "$s")s"
+cut -c1-300 "$OUT/cudasites.txt" | sed 's/^/    /' >>"$summary"
 fi
 
 # 2. doctor
