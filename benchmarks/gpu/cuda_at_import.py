@@ -14,8 +14,8 @@ line, and the module being imported when it ran). Then, in a fresh interpreter p
 whether importing it after torch alone initialises the driver itself (cuDeviceGetCount answering
 anything but CUDA_ERROR_NOT_INITIALIZED), which no Python-level watch sees.
 
-Default modules: what a scheduler and a detokenizer import (SGLang 0.5.11's launch_server and the
-two process entry points). Standard library and torch only; needs a GPU to mean anything.
+Default modules: what a scheduler and a detokenizer import (SGLang 0.5.11's launch_server, the
+two process entry points and the model registry). Standard library and torch only; needs a GPU.
 """
 
 import argparse
@@ -26,7 +26,8 @@ import subprocess
 import sys
 import time
 
-SGLANG = ["sglang.launch_server", "sglang.srt.managers.scheduler", "sglang.srt.managers.detokenizer_manager"]
+SGLANG = ["sglang.launch_server", "sglang.srt.managers.scheduler", "sglang.srt.managers.detokenizer_manager",
+          "sglang.srt.models.registry"]  # the registry imports every model module (the scheduler, at load)
 GPU_LIBRARIES = ["sgl_kernel", "flashinfer", "xgrammar", "torch_memory_saver", "triton", "deep_gemm",
                  "cuda.bindings.driver", "compressed_tensors", "torchao"]
 # torch.cuda functions that answer about a device; each initialises CUDA lazily (the watch records the

@@ -19,7 +19,9 @@
 #   smokes  fresh default smokes ($RUNS, default "on1 off1 on2 off2 on3 off3", alternating; a label
 #           starting with "on" adds --fast-start): each server's ready time and start-up phases, the
 #           template's lines (forked / spawned and why / entries left out), start to table, outputs
-#           12/12 (lossless), the oracle speed-up; then a table with the medians with and without
+#           12/12 (lossless), the oracle speed-up; then a table with the medians with and without.
+#           A label starting with "own": the fast start with SGLang's own modules preloaded too
+#           ($OWN_ENTRIES after the shipped list; the template answers the compute capability from NVML)
 # One device call runs at most 9 minutes (BUDGET=540 s; each smoke at most 170 s or what is left,
 # common.sh's fresh_smoke, skipped below 50 s). Everything needs about two calls, e.g. with carry
 # [".gpu"]:   bash benchmarks/gpu/faststart.sh
@@ -155,9 +157,20 @@ want smokes || RUNS=""
 kernels=(); [ -f "$K/index.json" ] && [ -f "$K/flashinfer-aot/dflash-prebuilt.json" ] \
   && kernels=(DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1)
 stamp "smokes: ${kernels[*]:-no prebuilt kernels, JIT compiles at each fresh start}"
+# a label starting with "own": the fast start with the shipped list and SGLang's own modules after it
+# ($OWN_ENTRIES), the compute capability answered from NVML while the template imports them
+OWN_LIST=/tmp/i44/preload-own.json
+$PY - "$REPO/python/dflashctl/host/data/sglang-0.5.11-preload.json" "$OWN_LIST" \
+  ${OWN_ENTRIES:-sglang.srt.managers.detokenizer_manager sglang.srt.managers.scheduler sglang.srt.models.registry} <<'PYEOF'
+import json, sys
+shipped, out, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
+json.dump({"preload": json.load(open(shipped))["preload"] + extra}, open(out, "w"), indent=1)
+PYEOF
 for label in $RUNS; do
-  flag=(--no-fast-start); [ "${label#on}" != "$label" ] && flag=(--fast-start)
-  fresh_smoke "$label" "${kernels[@]}" -- "${flag[@]}" "$@"
+  flag=(--no-fast-start); own=()
+  [ "${label#on}" != "$label" ] && flag=(--fast-start)
+  [ "${label#own}" != "$label" ] && flag=(--fast-start) && own=(DFLASH_FASTSTART="$OWN_LIST")
+  fresh_smoke "$label" "${kernels[@]}" "${own[@]}" -- "${flag[@]}" "$@"
   cat "$RUNS_DIR/$label"/logs/*.log 2>/dev/null | grep -ho '\[dflash faststart\].*' | sed 's/(pid [0-9]*)//' \
     | sort | uniq -c | cut -c1-300 | sed 's/^/    /' >>"$summary"
 done
@@ -167,7 +180,7 @@ done
 import json, os, statistics, sys
 out, labels = sys.argv[1], sys.argv[2:]
 print("== per run: start to table; per server: ready s (imports / scheduler start) and how its children started")
-ready = {"on": [], "off": []}
+ready = {"on": [], "off": [], "own": []}
 for label in labels:
     path = os.path.join(out, f"{label}.json")
     if not os.path.exists(path):
@@ -182,7 +195,7 @@ for label in labels:
         st = x.get("startup") or {}
         sec = st.get("seconds") or {}
         fs = st.get("faststart") or {}
-        ready["on" if label.startswith("on") else "off"].append(x.get("startup_s"))
+        ready[next(k for k in ("on", "own", "off") if label.startswith(k) or k == "off")].append(x.get("startup_s"))
         print(f"    {x['name']:16} ready {x.get('startup_s')} s (imports {sec.get('imports')}, scheduler start "
               f"{sec.get('scheduler_start')}); template {fs.get('template_s')} s, forked {fs.get('forked')}, "
               f"spawned {fs.get('spawned')}, left out {fs.get('left_out')}, unusable {fs.get('unusable')}; "

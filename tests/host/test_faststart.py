@@ -292,6 +292,13 @@ class cuda:
     @staticmethod
     def _is_in_bad_fork():
         return False
+    @staticmethod
+    def device_count():  # torch's NVML-based count (CUDA_VISIBLE_DEVICES honoured)
+        return int(os.environ.get("FAKE_VISIBLE", "1"))
+    @staticmethod
+    def get_device_capability(device=None):  # torch's: device properties, CUDA initialised first
+        _C._cuda_init()
+        return (7, 5)
 """
 
 
@@ -338,15 +345,98 @@ int cuDeviceGetCount(int *count) {
 @pytest.fixture
 def fake_libcuda(tmp_path):
     """A libcuda.so.1 with cuInit and cuDeviceGetCount, found through LD_LIBRARY_PATH."""
+    return build_library(tmp_path / "driver", "libcuda.so.1", FAKE_LIBCUDA)
+
+
+def build_library(folder, soname: str, source: str):
+    """A stand-in driver library compiled into `folder` (skipped where no C compiler is)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        pytest.skip("no C compiler for the stand-in libcuda")
-    lib = tmp_path / "driver"
-    lib.mkdir()
-    (lib / "fake_cuda.c").write_text(FAKE_LIBCUDA)
-    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib / "libcuda.so.1"),
-                    str(lib / "fake_cuda.c")], check=True)
-    return lib
+        pytest.skip(f"no C compiler for the stand-in {soname}")
+    folder.mkdir(exist_ok=True)
+    (folder / f"{soname}.c").write_text(source)
+    subprocess.run([cc, "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(folder / soname),
+                    str(folder / f"{soname}.c")], check=True)
+    return folder
+
+
+FAKE_NVML = r"""
+#include <stdlib.h>
+#include <string.h>
+/* NVML's entry points the template uses; FAKE_NVML_CAPS lists one "major.minor" per GPU of the host. */
+static int initialised = 0;
+static const char *caps(void) { const char *c = getenv("FAKE_NVML_CAPS"); return c ? c : ""; }
+int nvmlInit_v2(void) { initialised++; return 0; }
+int nvmlShutdown(void) { if (!initialised) return 1; initialised--; return 0; }
+int nvmlDeviceGetCount_v2(unsigned int *n) {
+    const char *c = caps(); *n = *c ? 1 : 0;
+    for (; *c; c++) if (*c == ',') (*n)++;
+    return initialised ? 0 : 1;
+}
+int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **h) { *h = (void *)(size_t)(i + 1); return 0; }
+int nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor) {
+    const char *c = caps();
+    for (size_t i = 1; i < (size_t)h; i++) { c = strchr(c, ','); if (!c) return 2; c++; }
+    *major = atoi(c); *minor = atoi(strchr(c, '.') + 1);
+    return 0;
+}
+"""
+
+ASKS_CAPABILITY = "import torch\nCAPABILITY = torch.cuda.get_device_capability({device})\n"
+
+
+@pytest.mark.parametrize("gpus, device, visible, left_out", [
+    ("9.0,9.0", "", "2", None),
+    ("9.0,9.0", "'cuda:1'", "2", None),
+    ("9.0,8.0", "", "2", "every GPU not the same"),
+    ("9.0,9.0", "3", "2", "a device torch does not see"),
+    ("", "", "0", "NVML has no GPU"),
+])
+def test_the_compute_capability_is_answered_from_nvml_where_every_gpu_has_the_same(
+        tmp_path, gpus, device, visible, left_out):
+    """SGLang's modules ask torch for the compute capability at import (`is_sm90_supported()`): the
+    template answers it from NVML without CUDA where one answer is true for every GPU of the host,
+    and leaves the module out where it is not (as CUDA would have been reached)."""
+    nvml = build_library(tmp_path / "nvml", "libnvidia-ml.so.1", FAKE_NVML)
+    (tmp_path / "torch.py").write_text(FAKE_TORCH)
+    (tmp_path / "asks.py").write_text(ASKS_CAPABILITY.format(device=device))
+    cuda_log = tmp_path / "cuda"
+    out = run(tmp_path, preload=["torch", "asks", "heavy"], env={
+        "CUDA_LOG": str(cuda_log), "LD_LIBRARY_PATH": str(nvml), "FAKE_NVML_CAPS": gpus, "FAKE_VISIBLE": visible})
+    assert not cuda_log.exists()
+    assert out["log"].count("forked from the template") == 2
+    if left_out is None:
+        assert ("torch.cuda.get_device_capability answered from NVML (every GPU of this host has the same) "
+                "1 time(s), by asks:2") in out["log"]
+        assert "NVML shut down 1 time(s)" in out["log"]  # its own initialisation is undone before a fork
+    else:
+        assert ("template: asks left out: its import tried to initialise CUDA "
+                "(torch.cuda.get_device_capability); starting over without it") in out["log"], left_out
+        assert "answered from NVML" not in out["log"]
+
+
+KEEPS_IT = "import torch\nask = torch.cuda.get_device_capability  # kept under its own name\nAT_IMPORT = ask()\n"
+
+
+def test_a_module_that_keeps_the_function_gets_torch_s_own_answer_after_the_imports(tmp_path):
+    """The answer is the template's only while it imports: a module holding on to the function asks
+    torch (and CUDA) later, in the child, as it would have without the fast start."""
+    nvml = build_library(tmp_path / "nvml", "libnvidia-ml.so.1", FAKE_NVML)
+    (tmp_path / "torch.py").write_text(FAKE_TORCH)
+    (tmp_path / "keeps.py").write_text(KEEPS_IT)
+    cuda_log = tmp_path / "cuda"
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from dflash_faststart import preload; "
+            "state = preload(['torch', 'keeps']); import keeps; "
+            "print(json.dumps([keeps.AT_IMPORT, keeps.ask(), state['capability'], state['ok']]))")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), CUDA_LOG=str(cuda_log), LD_LIBRARY_PATH=str(nvml),
+               FAKE_NVML_CAPS="9.0", FAKE_VISIBLE="1")
+    r = subprocess.run([sys.executable, "-c", code, str(kernels.HOOK_DIR)], env=env, capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    at_import, later, said, ok = json.loads(r.stdout.splitlines()[-1])
+    assert at_import == [9, 0] and later == [7, 5] and ok
+    assert "1 time(s), by keeps:3" in said
+    assert cuda_log.read_text() == "init\n"  # torch's own, once, after the imports
 
 
 CALLS_CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"

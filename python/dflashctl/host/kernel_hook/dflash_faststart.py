@@ -9,9 +9,10 @@ use `fork` instead: SGLang's import initialises CUDA (`torch.cuda.is_available()
 
 Here, the server process (the first process of an instance, the one that pops $DFLASH_FASTSTART)
 starts a *template* at once, beside its own imports. The template imports the libraries the
-children import (the list in the file $DFLASH_FASTSTART names: third-party modules only, SGLang's
-own modules touch CUDA at import) and must never initialise CUDA. Torch's way to it is fenced off
-while it imports, and after each entry it checks that CUDA is untouched (nothing reached the fence,
+children import (the list in the file $DFLASH_FASTSTART names: the shipped list has third-party
+modules only) and must never initialise CUDA. Torch's way to it is fenced off while it imports (the
+compute capability SGLang's own modules ask for is answered from NVML where every GPU of the host
+has the same one), and after each entry it checks that CUDA is untouched (nothing reached the fence,
 torch not initialised, libcuda's `cuDeviceGetCount` still answering CUDA_ERROR_NOT_INITIALIZED): an
 entry that touched it, or whose import failed, is left out and the template starts over without it
 (a fresh exec; what an import did cannot be taken back). Then it checks it is safe to fork: NVML
@@ -505,6 +506,9 @@ def _missing_internals() -> str | None:
 
 # --- the template ---------------------------------------------------------------------------------
 
+_fencing = False  # the template's imports run with CUDA fenced off (preload)
+
+
 class _CudaFenced(RuntimeError):
     """Raised in the template where an import would initialise CUDA."""
 
@@ -548,7 +552,8 @@ def template_main() -> None:
         f"(first {', '.join(state['preloaded'][:4])})")
     say(f"template: {len(state['missing'])} of the list not in this stack; {len(left_out)} left out "
         f"({', '.join(e['entry'] for e in left_out) or 'none'}); os.environ read whole while importing by "
-        f"{', '.join(state['env_iterated_by']) or 'nothing'}; NVML shut down {state['nvml_shutdowns']} time(s); "
+        f"{', '.join(state['env_iterated_by']) or 'nothing'}; {state['capability'] + '; ' if state.get('capability') else ''}"
+        f"NVML shut down {state['nvml_shutdowns']} time(s); "
         f"{_jemalloc_text(state['jemalloc'])}"
         f"a forked test child: {state['fork_probe']}")
     serve_forks(sock, server_pid)
@@ -597,18 +602,21 @@ def preload(entries: list[str], left_out: set[str] = frozenset()) -> dict:
     off, checking after each that CUDA is still untouched; the report the server decides by. An
     entry whose import tried to reach CUDA, or failed, ends the loop as `start_over` (what it left
     behind cannot be taken back: the template starts over without it)."""
+    global _fencing
     real, started = os.environ, time.monotonic()
     before = dict(real)
     recording = os.environ = _RecordingEnviron(real)
     fence: dict | None = None
     fired: list[str] = []  # what reached the fence, in order
+    answered: list[str] = []  # who had the compute capability answered from NVML
     done, missing, start_over = [], [], None
     try:
         for entry in entries:
             if entry in left_out:
                 continue
             if "torch" in sys.modules and fence is None:
-                fence = _fence_cuda(sys.modules["torch"], fired)
+                fence = _fence_cuda(sys.modules["torch"], fired, answered)
+                _fencing = True
             result = _import(entry)
             touched = _cuda_touched(fired)
             if touched:
@@ -623,13 +631,14 @@ def preload(entries: list[str], left_out: set[str] = frozenset()) -> dict:
                 break
     finally:
         os.environ = real
+        _fencing = False
         for (holder, name), value in (fence or {}).items():
             setattr(holder, name, value)
     state = {"ok": False, "why": None, "seconds": None, "preloaded": done, "missing": missing,
              "env_read": sorted(recording.read), "env_iterated_by": sorted(recording.iterated_by),
              "env_set": {k: {"was": before.get(k), "now": real.get(k), "by": who}
                          for k, who in sorted(recording.written.items()) if before.get(k) != real.get(k)},
-             "nvml_shutdowns": 0, "jemalloc": None, "fork_probe": None}
+             "capability": _answered_text(answered), "nvml_shutdowns": 0, "jemalloc": None, "fork_probe": None}
     if start_over is not None:
         state["start_over"] = start_over
         return state
@@ -655,10 +664,12 @@ def _import(entry: str) -> str:
         return f"{type(e).__name__}: {e}"
 
 
-def _fence_cuda(torch, fired: list[str]) -> dict:
+def _fence_cuda(torch, fired: list[str], answered: list[str]) -> dict:
     """During the imports: torch answers is_available() from NVML (torch's own fork-safe check,
-    PYTORCH_NVML_BASED_CUDA_CHECK) and anything that would initialise CUDA through torch raises
-    (and is noted in `fired`, even where the importer swallows the error). Returns what to restore."""
+    PYTORCH_NVML_BASED_CUDA_CHECK), get_device_capability() from NVML where every GPU of the host has
+    the same one (SGLang's modules ask it at import: `is_sm90_supported()` and the like, cached), and
+    anything else that would initialise CUDA through torch raises (and is noted in `fired`, even
+    where the importer swallows the error). Returns what to restore."""
     saved = {}
 
     def fenced(what):
@@ -675,7 +686,94 @@ def _fence_cuda(torch, fired: list[str]) -> dict:
     if cuda is not None and hasattr(cuda, "_nvml_based_avail"):
         saved[(cuda, "_nvml_based_avail")] = cuda._nvml_based_avail
         cuda._nvml_based_avail = lambda: True
+    if cuda is not None and hasattr(cuda, "get_device_capability"):
+        saved[(cuda, "get_device_capability")] = cuda.get_device_capability
+        cuda.get_device_capability = _capability_from_nvml(cuda, cuda.get_device_capability,
+                                                           fenced("torch.cuda.get_device_capability"), answered)
     return saved
+
+
+def _capability_from_nvml(cuda, real, refuse, answered: list[str]):
+    """torch.cuda.get_device_capability without CUDA: NVML's compute capability, where every GPU of
+    the host (not only the visible ones: a child may see others) reports the same one and the device
+    asked for is one torch sees. Anything else is refused as CUDA would be reached: the import that
+    asked is left out, as before. Once the imports are done (a module may have kept this function
+    under its own name) it is torch's again."""
+    capabilities: list = []  # NVML asked once, on the first call
+
+    def answer(device=None):
+        if not _fencing:
+            return real(device)
+        if not capabilities:
+            capabilities.append(nvml_capabilities())
+        found, index = capabilities[0], _device_index(device)
+        if found is None or len(found) != 1 or index is None or not 0 <= index < _visible_count(cuda):
+            return refuse(device)
+        frame = _outside_torch(sys._getframe(1))
+        answered.append(f"{frame.f_globals.get('__name__', '?')}:{frame.f_lineno}" if frame is not None else "?")
+        return next(iter(found))
+    return answer
+
+
+def _device_index(device) -> int | None:
+    """torch's device argument as an index (None: the current device, 0 before any set_device; a
+    CUDA device index, a "cuda[:N]" string or a torch.device of type cuda). None: not a CUDA device."""
+    if device is None:
+        return 0
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    kind, index = (device, None) if isinstance(device, str) else (getattr(device, "type", None),
+                                                                 getattr(device, "index", None))
+    if isinstance(kind, str) and ":" in kind:
+        kind, _, text = kind.partition(":")
+        index = int(text) if text.isdigit() else -1
+    return (0 if index is None else index) if kind == "cuda" else None
+
+
+def _visible_count(cuda) -> int:
+    """How many devices torch sees (its NVML-based count honours CUDA_VISIBLE_DEVICES; 0 where it
+    would have to ask CUDA, which the fence refuses)."""
+    try:
+        return int(cuda.device_count())
+    except Exception:
+        return 0
+
+
+def _outside_torch(frame):
+    while frame is not None and (frame.f_globals.get("__name__", "") + ".").startswith("torch."):
+        frame = frame.f_back
+    return frame
+
+
+def nvml_capabilities() -> set[tuple[int, int]] | None:
+    """The CUDA compute capabilities of all of this host's GPUs, from NVML (None: NVML cannot say).
+    NVML is initialised here and shut down with torch's own use of it before any fork."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return None
+        count = ctypes.c_uint(0)
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return None
+        found = set()
+        for i in range(count.value):
+            handle, major, minor = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
+            if (nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0 or
+                    nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0):
+                return None
+            found.add((major.value, minor.value))
+        return found or None
+    except (OSError, AttributeError):
+        return None
+
+
+def _answered_text(answered: list[str]) -> str | None:
+    """The template's line on the capability it answered (None: nothing asked for it)."""
+    if not answered:
+        return None
+    callers = list(dict.fromkeys(answered))
+    return (f"torch.cuda.get_device_capability answered from NVML (every GPU of this host has the same) "
+            f"{len(answered)} time(s), by {', '.join(callers[:3])}{' and others' if len(callers) > 3 else ''}")
 
 
 def _cuda_touched(fired: list[str]) -> str | None:
