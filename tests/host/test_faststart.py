@@ -299,6 +299,18 @@ class cuda:
     def get_device_capability(device=None):  # torch's: device properties, CUDA initialised first
         _C._cuda_init()
         return (7, 5)
+    @staticmethod
+    def current_device():
+        _C._cuda_init()
+        return 0
+    @staticmethod
+    def get_device_name(device=None):
+        _C._cuda_init()
+        return "from CUDA"
+    @staticmethod
+    def get_device_properties(device=None):
+        _C._cuda_init()
+        return type("props", (), {"major": 7, "minor": 5, "name": "from CUDA", "total_memory": 1})()
 """
 
 
@@ -380,6 +392,15 @@ int nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor) {
     *major = atoi(c); *minor = atoi(strchr(c, '.') + 1);
     return 0;
 }
+int nvmlDeviceGetName(void *h, char *name, unsigned int length) {  /* FAKE_NVML_ODD: the second differs */
+    strncpy(name, (size_t)h == 2 && getenv("FAKE_NVML_ODD") ? "NVIDIA Other" : "NVIDIA H200", length);
+    return 0;
+}
+int nvmlDeviceGetMigMode(void *h, unsigned int *current, unsigned int *pending) {
+    if (!getenv("FAKE_NVML_MIG")) return 3; /* NVML_ERROR_NOT_SUPPORTED */
+    *current = *pending = 1;
+    return 0;
+}
 """
 
 ASKS_CAPABILITY = "import torch\nCAPABILITY = torch.cuda.get_device_capability({device})\n"
@@ -406,8 +427,8 @@ def test_the_compute_capability_is_answered_from_nvml_where_every_gpu_has_the_sa
     assert not cuda_log.exists()
     assert out["log"].count("forked from the template") == 2
     if left_out is None:
-        assert ("torch.cuda.get_device_capability answered from NVML (every GPU of this host has the same) "
-                "1 time(s), by asks:2") in out["log"]
+        assert ("answered from NVML (every GPU of this host alike) 1 time(s): get_device_capability by asks:2"
+                in out["log"])
         assert "NVML shut down 1 time(s)" in out["log"]  # its own initialisation is undone before a fork
     else:
         assert ("template: asks left out: its import tried to initialise CUDA "
@@ -415,7 +436,45 @@ def test_the_compute_capability_is_answered_from_nvml_where_every_gpu_has_the_sa
         assert "answered from NVML" not in out["log"]
 
 
-KEEPS_IT = "import torch\nask = torch.cuda.get_device_capability  # kept under its own name\nAT_IMPORT = ask()\n"
+ASKS_LIKE_SGL_KERNEL = """import torch
+device = torch.cuda.current_device()
+properties = torch.cuda.get_device_properties(device)
+CAPABILITY = properties.major * 10 + properties.minor
+{extra}
+"""
+
+
+@pytest.mark.parametrize("extra, env, refused", [
+    ("", {}, None),
+    ("NAME = torch.cuda.get_device_name(0)", {}, None),
+    ("NAME = properties.name", {}, None),
+    ("MEMORY = properties.total_memory", {}, "torch.cuda.get_device_properties().total_memory"),
+    ("NAME = torch.cuda.get_device_name(0)", {"FAKE_NVML_ODD": "1"}, "torch.cuda.get_device_name"),
+    ("NAME = torch.cuda.get_device_name(0)", {"FAKE_NVML_MIG": "1"}, "torch.cuda.get_device_name"),
+])
+def test_what_sgl_kernel_and_triton_ask_is_answered_from_nvml_and_nothing_else(tmp_path, extra, env, refused):
+    """sgl_kernel picks its build by the current device's properties (major, minor) and SGLang's
+    fla utils by the device name: answered where every GPU of the host is alike (a name not where one
+    differs or MIG splits them), any other property refused as CUDA would be reached."""
+    nvml = build_library(tmp_path / "nvml", "libnvidia-ml.so.1", FAKE_NVML)
+    (tmp_path / "torch.py").write_text(FAKE_TORCH)
+    (tmp_path / "asks.py").write_text(ASKS_LIKE_SGL_KERNEL.format(extra=extra))
+    cuda_log = tmp_path / "cuda"
+    out = run(tmp_path, preload=["torch", "asks", "heavy"], env={
+        "CUDA_LOG": str(cuda_log), "LD_LIBRARY_PATH": str(nvml), "FAKE_NVML_CAPS": "9.0,9.0", "FAKE_VISIBLE": "2",
+        **env})
+    assert not cuda_log.exists()
+    assert out["log"].count("forked from the template") == 2
+    if refused is None:
+        assert "current_device by asks:2, get_device_properties by asks:3" in out["log"]
+        assert "left out:" not in out["log"]
+    else:
+        assert (f"template: asks left out: its import tried to initialise CUDA ({refused}); starting over "
+                "without it") in out["log"]
+
+
+KEEPS_IT = ("import torch\nask = torch.cuda.get_device_capability  # kept under its own name\nAT_IMPORT = ask()\n"
+            "PROPERTIES = torch.cuda.get_device_properties(0)  # kept: NVML's major and minor\n")
 
 
 def test_a_module_that_keeps_the_function_gets_torch_s_own_answer_after_the_imports(tmp_path):
@@ -427,16 +486,18 @@ def test_a_module_that_keeps_the_function_gets_torch_s_own_answer_after_the_impo
     cuda_log = tmp_path / "cuda"
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from dflash_faststart import preload; "
             "state = preload(['torch', 'keeps']); import keeps; "
-            "print(json.dumps([keeps.AT_IMPORT, keeps.ask(), state['capability'], state['ok']]))")
+            "print(json.dumps([keeps.AT_IMPORT, keeps.ask(), state['capability'], state['ok'], "
+            "keeps.PROPERTIES.major, keeps.PROPERTIES.total_memory]))")
     env = dict(os.environ, PYTHONPATH=str(tmp_path), CUDA_LOG=str(cuda_log), LD_LIBRARY_PATH=str(nvml),
                FAKE_NVML_CAPS="9.0", FAKE_VISIBLE="1")
     r = subprocess.run([sys.executable, "-c", code, str(kernels.HOOK_DIR)], env=env, capture_output=True,
                        text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    at_import, later, said, ok = json.loads(r.stdout.splitlines()[-1])
+    at_import, later, said, ok, major, memory = json.loads(r.stdout.splitlines()[-1])
     assert at_import == [9, 0] and later == [7, 5] and ok
-    assert "1 time(s), by keeps:3" in said
-    assert cuda_log.read_text() == "init\n"  # torch's own, once, after the imports
+    assert "2 time(s): get_device_capability by keeps:3, get_device_properties by keeps:4" in said
+    assert major == 9 and memory == 1  # what NVML answered stays; the rest is torch's, asked now
+    assert cuda_log.read_text() == "init\ninit\n"  # torch's own, after the imports only
 
 
 CALLS_CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"

@@ -10,9 +10,9 @@ use `fork` instead: SGLang's import initialises CUDA (`torch.cuda.is_available()
 Here, the server process (the first process of an instance, the one that pops $DFLASH_FASTSTART)
 starts a *template* at once, beside its own imports. The template imports the libraries the
 children import (the list in the file $DFLASH_FASTSTART names: the shipped list has third-party
-modules only) and must never initialise CUDA. Torch's way to it is fenced off while it imports (the
-compute capability SGLang's own modules ask for is answered from NVML where every GPU of the host
-has the same one), and after each entry it checks that CUDA is untouched (nothing reached the fence,
+modules only) and must never initialise CUDA. Torch's way to it is fenced off while it imports (what
+sgl_kernel, Triton and SGLang's own modules ask about the GPU, the compute capability among it, is
+answered from NVML where every GPU of the host is alike), and after each entry it checks that CUDA is untouched (nothing reached the fence,
 torch not initialised, libcuda's `cuDeviceGetCount` still answering CUDA_ERROR_NOT_INITIALIZED): an
 entry that touched it, or whose import failed, is left out and the template starts over without it
 (a fresh exec; what an import did cannot be taken back). Then it checks it is safe to fork: NVML
@@ -608,7 +608,7 @@ def preload(entries: list[str], left_out: set[str] = frozenset()) -> dict:
     recording = os.environ = _RecordingEnviron(real)
     fence: dict | None = None
     fired: list[str] = []  # what reached the fence, in order
-    answered: list[str] = []  # who had the compute capability answered from NVML
+    answered: list[str] = []  # what NVML answered for torch, and to whom
     done, missing, start_over = [], [], None
     try:
         for entry in entries:
@@ -666,8 +666,9 @@ def _import(entry: str) -> str:
 
 def _fence_cuda(torch, fired: list[str], answered: list[str]) -> dict:
     """During the imports: torch answers is_available() from NVML (torch's own fork-safe check,
-    PYTORCH_NVML_BASED_CUDA_CHECK), get_device_capability() from NVML where every GPU of the host has
-    the same one (SGLang's modules ask it at import: `is_sm90_supported()` and the like, cached), and
+    PYTORCH_NVML_BASED_CUDA_CHECK); what SGLang's modules and their libraries ask about the GPU at
+    import (sgl_kernel, Triton's driver, `is_sm90_supported()` and the like; docs/benchmarks.md, call
+    7) is answered from NVML where one answer is true for every GPU of the host (NvmlAnswers); and
     anything else that would initialise CUDA through torch raises (and is noted in `fired`, even
     where the importer swallows the error). Returns what to restore."""
     saved = {}
@@ -683,36 +684,98 @@ def _fence_cuda(torch, fired: list[str], answered: list[str]) -> dict:
             saved[(holder, name)] = getattr(holder, name)
             setattr(holder, name, fenced(f"torch._C.{name}"))
     cuda = getattr(torch, "cuda", None)
-    if cuda is not None and hasattr(cuda, "_nvml_based_avail"):
+    if cuda is None:
+        return saved
+    if hasattr(cuda, "_nvml_based_avail"):
         saved[(cuda, "_nvml_based_avail")] = cuda._nvml_based_avail
         cuda._nvml_based_avail = lambda: True
-    if cuda is not None and hasattr(cuda, "get_device_capability"):
-        saved[(cuda, "get_device_capability")] = cuda.get_device_capability
-        cuda.get_device_capability = _capability_from_nvml(cuda, cuda.get_device_capability,
-                                                           fenced("torch.cuda.get_device_capability"), answered)
+    answers = NvmlAnswers(cuda, fenced, answered)
+    for name in answers.ANSWERED:
+        if hasattr(cuda, name):
+            saved[(cuda, name)] = getattr(cuda, name)
+            setattr(cuda, name, answers.wrap(name, getattr(cuda, name)))
     return saved
 
 
-def _capability_from_nvml(cuda, real, refuse, answered: list[str]):
-    """torch.cuda.get_device_capability without CUDA: NVML's compute capability, where every GPU of
-    the host (not only the visible ones: a child may see others) reports the same one and the device
-    asked for is one torch sees. Anything else is refused as CUDA would be reached: the import that
-    asked is left out, as before. Once the imports are done (a module may have kept this function
-    under its own name) it is torch's again."""
-    capabilities: list = []  # NVML asked once, on the first call
+class NvmlAnswers:
+    """torch.cuda's questions about the GPU answered without CUDA while the template imports: the
+    compute capability and the name from NVML, where every GPU of the host (not only the visible
+    ones: a child may see others) has the same (the name: and none is split by MIG, whose devices
+    CUDA names otherwise); the current device is 0 (no import has set one; a spawned child at import
+    sees the same); properties only their `major`, `minor` and `name`. Only for a device torch sees.
+    Anything else is refused as CUDA would be reached (the import that asked is left out, as
+    before). Once the imports are done (a module may have kept a function, or a properties object)
+    it is torch's own answer again."""
 
-    def answer(device=None):
+    ANSWERED = ("get_device_capability", "current_device", "get_device_name", "get_device_properties")
+
+    def __init__(self, cuda, fenced, answered: list[str]):
+        self.cuda, self.fenced, self.answered = cuda, fenced, answered
+        self._devices: list = []  # NVML asked once, on the first question
+
+    def wrap(self, name: str, real):
+        answer, refuse = getattr(self, f"_{name}"), self.fenced(f"torch.cuda.{name}")
+
+        def asked(*args, **kwargs):
+            if not _fencing:
+                return real(*args, **kwargs)
+            found = answer(*args, **kwargs)
+            if found is None:
+                return refuse()
+            frame = _outside_torch(sys._getframe(1))
+            self.answered.append(f"{name} by {frame.f_globals.get('__name__', '?')}:{frame.f_lineno}"
+                                 if frame is not None else f"{name} by ?")
+            return found
+        return asked
+
+    def _alike(self, key: str):
+        """The value every GPU of the host has for `key` (None: NVML cannot say, or they differ)."""
+        if not self._devices:
+            self._devices.append(nvml_devices())
+        devices = self._devices[0]
+        values = {d[key] for d in devices or []}
+        if len(values) != 1 or (key == "name" and any(d["mig"] for d in devices)):
+            return None
+        return next(iter(values))
+
+    def _seen(self, device) -> bool:
+        index = _device_index(device)
+        return index is not None and 0 <= index < _visible_count(self.cuda)
+
+    def _get_device_capability(self, device=None):
+        return self._alike("capability") if self._seen(device) else None
+
+    def _current_device(self):
+        return 0 if self._seen(0) else None
+
+    def _get_device_name(self, device=None):
+        return self._alike("name") if self._seen(device) else None
+
+    def _get_device_properties(self, device=None):
+        capability = self._get_device_capability(device)
+        if capability is None:
+            return None
+        index = _device_index(device)
+        return _Properties(capability, self._alike("name"), self.fenced,
+                           lambda: self.cuda.get_device_properties(index))
+
+
+class _Properties:
+    """A device's properties as far as NVML answers them for every GPU alike; any other property is
+    refused while the template imports and torch's own afterwards (a module kept the object)."""
+
+    def __init__(self, capability, name, fenced, real):
+        self.major, self.minor = capability
+        self._name, self._fenced, self._real = name, fenced, real
+
+    def __getattr__(self, attribute):  # only for what __init__ did not set
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
         if not _fencing:
-            return real(device)
-        if not capabilities:
-            capabilities.append(nvml_capabilities())
-        found, index = capabilities[0], _device_index(device)
-        if found is None or len(found) != 1 or index is None or not 0 <= index < _visible_count(cuda):
-            return refuse(device)
-        frame = _outside_torch(sys._getframe(1))
-        answered.append(f"{frame.f_globals.get('__name__', '?')}:{frame.f_lineno}" if frame is not None else "?")
-        return next(iter(found))
-    return answer
+            return getattr(self._real(), attribute)
+        if attribute == "name" and self._name is not None:
+            return self._name
+        return self._fenced(f"torch.cuda.get_device_properties().{attribute}")()
 
 
 def _device_index(device) -> int | None:
@@ -745,9 +808,10 @@ def _outside_torch(frame):
     return frame
 
 
-def nvml_capabilities() -> set[tuple[int, int]] | None:
-    """The CUDA compute capabilities of all of this host's GPUs, from NVML (None: NVML cannot say).
-    NVML is initialised here and shut down with torch's own use of it before any fork."""
+def nvml_devices() -> list[dict] | None:
+    """Every GPU of this host as NVML sees it: its CUDA compute capability, name and whether MIG is
+    on (None: NVML cannot say). NVML is initialised here and shut down with torch's own use of it
+    before any fork."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
         if nvml.nvmlInit_v2() != 0:
@@ -755,13 +819,17 @@ def nvml_capabilities() -> set[tuple[int, int]] | None:
         count = ctypes.c_uint(0)
         if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
             return None
-        found = set()
+        found = []
         for i in range(count.value):
             handle, major, minor = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
+            name, current, pending = ctypes.create_string_buffer(96), ctypes.c_uint(0), ctypes.c_uint(0)
             if (nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0 or
-                    nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0):
+                    nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0
+                    or nvml.nvmlDeviceGetName(handle, name, ctypes.c_uint(96)) != 0):
                 return None
-            found.add((major.value, minor.value))
+            mig = nvml.nvmlDeviceGetMigMode(handle, ctypes.byref(current), ctypes.byref(pending)) == 0 and current.value
+            found.append({"capability": (major.value, minor.value), "name": name.value.decode(errors="replace"),
+                          "mig": bool(mig)})
         return found or None
     except (OSError, AttributeError):
         return None
@@ -772,8 +840,8 @@ def _answered_text(answered: list[str]) -> str | None:
     if not answered:
         return None
     callers = list(dict.fromkeys(answered))
-    return (f"torch.cuda.get_device_capability answered from NVML (every GPU of this host has the same) "
-            f"{len(answered)} time(s), by {', '.join(callers[:3])}{' and others' if len(callers) > 3 else ''}")
+    return (f"answered from NVML (every GPU of this host alike) {len(answered)} time(s): "
+            f"{', '.join(callers[:4])}{' and others' if len(callers) > 4 else ''}")
 
 
 def _cuda_touched(fired: list[str]) -> str | None:
