@@ -15,11 +15,11 @@ whether importing it after torch alone initialises the driver itself (cuDeviceGe
 anything but CUDA_ERROR_NOT_INITIALIZED), which no Python-level watch sees.
 
 Default modules: what a scheduler and a detokenizer import (SGLang 0.5.11's launch_server, the
-two process entry points and the model registry). Standard library and torch only; needs a GPU.
+two process entry points and the model registry). Standard library, torch and the fast start's own
+driver check (python/ on PYTHONPATH, as faststart.sh has it); needs a GPU.
 """
 
 import argparse
-import ctypes
 import json
 import os
 import subprocess
@@ -76,24 +76,14 @@ def watch(torch, calls: list, importing: list) -> None:
         wrap(torch.cuda, name, f"torch.cuda.{name}")
 
 
-def driver_state() -> int | None:
-    """cuDeviceGetCount's answer where libcuda is loaded in this process (None: not loaded)."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
-    except OSError:
-        return None
-    count = ctypes.c_int(0)
-    return cuda.cuDeviceGetCount(ctypes.byref(count))
-
-
 def one_library(name: str) -> dict:
     """In a fresh interpreter: torch, then `name`; the driver's state after each."""
-    code = ("import json, sys, time; sys.path.insert(0, sys.argv[1]); import cuda_at_import as c; "
-            "import torch; a = c.driver_state(); t = time.monotonic(); import importlib; "
-            "importlib.import_module(sys.argv[2]); "
-            "print(json.dumps({'after_torch': a, 'after_import': c.driver_state(), "
+    code = ("import json, sys, time; from dflashctl.host.kernel_hook.dflash_faststart import libcuda_state; "
+            "import torch; a = libcuda_state(); t = time.monotonic(); import importlib; "
+            "importlib.import_module(sys.argv[1]); "
+            "print(json.dumps({'after_torch': a, 'after_import': libcuda_state(), "
             "'import_s': round(time.monotonic() - t, 2), 'cuda_initialised_by_torch': torch.cuda.is_initialized()}))")
-    r = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__)), name],
+    r = subprocess.run([sys.executable, "-c", code, name],
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
     if r.returncode != 0:

@@ -853,7 +853,7 @@ def _cuda_touched(fired: list[str]) -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and _torch_cuda_initialized(torch):
         return "initialised CUDA through torch"
-    rc = _libcuda_state()
+    rc = libcuda_state()
     if rc is not None and rc != CUDA_ERROR_NOT_INITIALIZED:
         return f"initialised CUDA in the driver (cuDeviceGetCount answered {rc})"
     return None
@@ -864,7 +864,7 @@ def _torch_cuda_initialized(torch) -> bool:
     return bool(cuda is not None and hasattr(cuda, "is_initialized") and cuda.is_initialized())
 
 
-def _libcuda_state() -> int | None:
+def libcuda_state() -> int | None:
     """cuDeviceGetCount's answer where libcuda is loaded in this process (None: not loaded)."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
@@ -935,7 +935,7 @@ def fork_safety_problem() -> tuple[str | None, str]:
     and what a test child forked from it found. The test child is forked first: fork handlers
     (OpenBLAS stops its thread pool before a fork) run, so the threads counted after it are the
     ones a fork would really leave behind."""
-    rc = _libcuda_state()
+    rc = libcuda_state()
     if rc is not None and rc != CUDA_ERROR_NOT_INITIALIZED:
         return f"CUDA was initialised during the imports (cuDeviceGetCount answered {rc})", "not tried"
     torch = sys.modules.get("torch")
