@@ -21,7 +21,8 @@
 #           template's lines (forked / spawned and why / entries left out), start to table, outputs
 #           12/12 (lossless), the oracle speed-up; then a table with the medians with and without.
 #           A label starting with "own": the fast start with SGLang's own modules preloaded too
-#           ($OWN_ENTRIES after the shipped list; the template answers the compute capability from NVML)
+#           ($OWN_ENTRIES after the shipped list; the template answers the compute capability from NVML);
+#           OWN=1 gives the nccl and death steps that list too
 # One device call runs at most 9 minutes (BUDGET=540 s; each smoke at most 170 s or what is left,
 # common.sh's fresh_smoke, skipped below 50 s). Everything needs about two calls, e.g. with carry
 # [".gpu"]:   bash benchmarks/gpu/faststart.sh
@@ -93,6 +94,18 @@ stamp "cudasites: exit $? after $(secs_since "$s")s"
 cut -c1-300 "$OUT/cudasites.txt" | sed 's/^/    /' >>"$summary"
 fi
 
+# the "own" list (smokes labelled own*; nccl and death with OWN=1): the fast start with the shipped list and SGLang's own modules after it
+# ($OWN_ENTRIES), the compute capability answered from NVML while the template imports them
+OWN_LIST=/tmp/i44/preload-own.json
+$PY - "$REPO/python/dflashctl/host/data/sglang-0.5.11-preload.json" "$OWN_LIST" \
+  ${OWN_ENTRIES:-sglang.srt.managers.detokenizer_manager sglang.srt.managers.scheduler sglang.srt.models.registry} <<'PYEOF'
+import json, sys
+shipped, out, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
+json.dump({"preload": json.load(open(shipped))["preload"] + extra}, open(out, "w"), indent=1)
+PYEOF
+SHIPPED_STEP_LIST=$SHIPPED_LIST; [ "${OWN:-0}" = 1 ] && STEP_LIST=$OWN_LIST
+stamp "nccl and death preload $STEP_LIST"
+
 # 2. doctor
 if want doctor; then
 $PY -m dflashctl doctor --json >"$OUT/doctor.json" 2>/dev/null
@@ -102,7 +115,6 @@ fi
 # 3. NCCL (tp 1) in a child forked from a template that preloaded SGLang's list
 if want nccl; then
 HOOK=$REPO/python/dflashctl/host/kernel_hook
-LIST=$REPO/python/dflashctl/host/data/sglang-0.5.11-preload.json
 cat >/tmp/i44/nccl_child.py <<'PYEOF'
 import multiprocessing as mp, os, time
 
@@ -130,7 +142,7 @@ if __name__ == "__main__":
     print("child exit", p.exitcode, type(p._popen).__name__, flush=True)
 PYEOF
 s=$(ms)
-( cd /tmp/i44 && PYTHONPATH=$HOOK:$PYTHONPATH DFLASH_FASTSTART=$LIST timeout 150 $PY nccl_child.py ) >"$OUT/nccl.txt" 2>&1
+( cd /tmp/i44 && PYTHONPATH=$HOOK:$PYTHONPATH DFLASH_FASTSTART=$STEP_LIST timeout 150 $PY nccl_child.py ) >"$OUT/nccl.txt" 2>&1
 stamp "nccl (tp 1) in a forked child: exit $? after $(secs_since "$s")s: $(grep -E 'child said|child exit|faststart\] (scheduler|template)' "$OUT/nccl.txt" | cut -c1-220 | tr '\n' ' ')"
 fi
 
@@ -143,7 +155,7 @@ if want death; then
     s=$(ms)
     kernels=(); [ -f "$K/index.json" ] && [ -f "$K/flashinfer-aot/dflash-prebuilt.json" ] \
       && kernels=(DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1)
-    env "${kernels[@]}" timeout --signal=INT --kill-after=20 "$limit" $PY benchmarks/gpu/faststart_death.py \
+    env "${kernels[@]}" DFLASH_FASTSTART="$STEP_LIST" timeout --signal=INT --kill-after=20 "$limit" $PY benchmarks/gpu/faststart_death.py \
       --out "$OUT" --fast-start --python "$(command -v $PY)" >"$OUT/death.txt" 2>&1
     stamp "death: exit $? after $(secs_since "$s")s: $(tail -n1 "$OUT/death.txt" | cut -c1-400)"
     grep -h 'dflash faststart' "$OUT/faststart-death-sglang.log" 2>/dev/null | sed 's/(pid [0-9]*)//' | cut -c1-300 \
@@ -157,15 +169,6 @@ want smokes || RUNS=""
 kernels=(); [ -f "$K/index.json" ] && [ -f "$K/flashinfer-aot/dflash-prebuilt.json" ] \
   && kernels=(DFLASH_PREBUILT_KERNELS="$K" FLASHINFER_DISABLE_JIT=1)
 stamp "smokes: ${kernels[*]:-no prebuilt kernels, JIT compiles at each fresh start}"
-# a label starting with "own": the fast start with the shipped list and SGLang's own modules after it
-# ($OWN_ENTRIES), the compute capability answered from NVML while the template imports them
-OWN_LIST=/tmp/i44/preload-own.json
-$PY - "$REPO/python/dflashctl/host/data/sglang-0.5.11-preload.json" "$OWN_LIST" \
-  ${OWN_ENTRIES:-sglang.srt.managers.detokenizer_manager sglang.srt.managers.scheduler sglang.srt.models.registry} <<'PYEOF'
-import json, sys
-shipped, out, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
-json.dump({"preload": json.load(open(shipped))["preload"] + extra}, open(out, "w"), indent=1)
-PYEOF
 for label in $RUNS; do
   flag=(--no-fast-start); own=()
   [ "${label#on}" != "$label" ] && flag=(--fast-start)
