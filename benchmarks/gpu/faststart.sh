@@ -96,14 +96,15 @@ fi
 
 # the "own" list (smokes labelled own*; nccl and death with OWN=1): the fast start with the shipped list and SGLang's own modules after it
 # ($OWN_ENTRIES), the compute capability answered from NVML while the template imports them
+SHIPPED_LIST=$REPO/python/dflashctl/host/data/sglang-0.5.11-preload.json
 OWN_LIST=/tmp/i44/preload-own.json
-$PY - "$REPO/python/dflashctl/host/data/sglang-0.5.11-preload.json" "$OWN_LIST" \
+$PY - "$SHIPPED_LIST" "$OWN_LIST" \
   ${OWN_ENTRIES:-sglang.srt.managers.detokenizer_manager sglang.srt.managers.scheduler sglang.srt.models.registry} <<'PYEOF'
 import json, sys
 shipped, out, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
 json.dump({"preload": json.load(open(shipped))["preload"] + extra}, open(out, "w"), indent=1)
 PYEOF
-SHIPPED_STEP_LIST=$SHIPPED_LIST; [ "${OWN:-0}" = 1 ] && STEP_LIST=$OWN_LIST
+STEP_LIST=$SHIPPED_LIST; [ "${OWN:-0}" = 1 ] && STEP_LIST=$OWN_LIST
 stamp "nccl and death preload $STEP_LIST"
 
 # 2. doctor

@@ -79,6 +79,13 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def server_pid(serve: int) -> int | None:
+    """SGLang's server: the child of serve that leads its own process group, other than serve's GPU
+    watch (also such a child, a `python -c` running the probes' gpu_watch)."""
+    leaders = [p for p in pids() if (stat(p) or (0, 0))[0] == serve and (stat(p) or (0, 0))[1] == p]
+    return next((p for p in leaders if " gpu_watch " not in cmdline(p)), None)
+
+
 def scheduler_pid(server: int, work: Path) -> int | None:
     for pid in descendants(server):
         if "sglang::scheduler" in cmdline(pid):
@@ -120,10 +127,11 @@ def main() -> int:
         serve.kill()
         result["error"] = f"serve not ready (exit {serve.poll()})"
     else:
-        server = next(p for p in pids() if (stat(p) or (0, 0))[0] == serve.pid and (stat(p) or (0, 0))[1] == p)
+        server = server_pid(serve.pid)
         before = {p: cmdline(p) for p in {server} | descendants(server)}
         victim = scheduler_pid(server, work)
-        result.update(server=server, processes_before=len(before), scheduler=victim)
+        result.update(server=server, processes_before=len(before), scheduler=victim,
+                      titles={p: c[:160] for p, c in sorted(before.items())})
         if victim is None:
             serve.send_signal(signal.SIGTERM)
             result["error"] = "no scheduler (process title sglang::scheduler) below the instance's server"
