@@ -55,13 +55,15 @@ os.environ.get("READ_AT_IMPORT")
 """
 
 
-def run(tmp_path, preload=("heavy",), setting=True, sets=(), env=None, program=PROGRAM, heavy=HEAVY):
+def run(tmp_path, preload=("heavy",), setting=True, sets=(), env=None, program=PROGRAM, heavy=HEAVY,
+        env_first=None):
     (tmp_path / "prog.py").write_text(program)
     (tmp_path / "heavy.py").write_text(heavy)
     (tmp_path / "list.json").write_text(json.dumps({"preload": list(preload)}))
     log = tmp_path / "imports"
     log.unlink(missing_ok=True)
-    child_env = {k: v for k, v in os.environ.items() if k != faststart.ENV}
+    child_env = dict(env_first or {})  # first in the server's environment (exec keeps the order)
+    child_env.update((k, v) for k, v in os.environ.items() if k != faststart.ENV)
     child_env.update(PYTHONPATH=str(kernels.HOOK_DIR), IMPORT_LOG=str(log), SET_AT_START="yes")
     child_env.update(env or {})
     if setting is True:
@@ -88,6 +90,31 @@ def test_children_are_forked_from_the_template_as_the_server_s_own(tmp_path):
     assert out["exitcodes"] == [0, 0]
     assert out["log"].count("forked from the template") == 2
     assert "template ready: 1 modules imported" in out["log"]
+
+
+NAMES_ITSELF = PROGRAM.replace("""def child(writer):
+    import heavy
+""", """def child(writer):
+    import heavy, setproctitle
+    setproctitle.setproctitle("standin::scheduler")  # as SGLang's scheduler names itself
+    with open("/proc/self/cmdline", "rb") as f:
+        os.environ["TITLE"] = f.read().split(b"\\0")[0].decode()
+""").replace('"set": os.environ.get("SET_AT_START")', '"set": os.environ.get("TITLE")')
+
+
+@pytest.mark.parametrize("preload, first_changes", [
+    (("heavy", "setproctitle"), False),  # the shipped list has setproctitle: it is set up in the template
+    (("heavy", "setproctitle"), True),  # ... also where the server changed the environment's first variable
+    (("heavy",), False),  # set up in the child: the template's environment left where exec put it
+])
+def test_a_forked_child_s_process_title_is_the_one_it_sets(tmp_path, preload, first_changes):
+    # ps, top and doctor's GPU lines name SGLang's processes by the title they set; forked from the
+    # template, a child must not keep the template's `python -c ... template_main()`
+    env = {"AAA_FIRST": "at the start"}  # first in the environment the template is started with
+    out = run(tmp_path, preload=preload, program=NAMES_ITSELF, env_first=env,
+              sets=["AAA_FIRST=changed by the server"] if first_changes else ())
+    assert out["log"].count("forked from the template") == 2
+    assert [k["set"] for k in out["children"]] == ["standin::scheduler"] * 2
 
 
 @pytest.mark.parametrize("setting", [False, "0"])

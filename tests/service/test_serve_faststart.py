@@ -62,6 +62,12 @@ def _ended(pid: int, wait: float = 10.0) -> bool:
     return False
 
 
+def _title(pid: int) -> str:
+    """The process title ps shows (the first string of its command line)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().split(b"\0")[0].decode()
+
+
 def _stop(proc) -> str:
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=NEVER)
@@ -77,6 +83,8 @@ def test_children_forked_from_the_template_import_nothing_again(started):
     template = next(pid for pid in imports if pid != server)
     for pid in (pids["scheduler"], pids["detokenizer"], template):
         assert _stat(pid) == (server, server)  # the server's own children, in its process group
+    assert _title(pids["scheduler"]) == "sglang::scheduler"  # not the template's command line
+    assert _title(pids["detokenizer"]) == "sglang::detokenizer"
     log = _stop(proc)
     assert "scheduler_0: forked from the template" in log and "detokenizer: forked from the template" in log
     for pid in (pids["scheduler"], pids["detokenizer"], template):
@@ -90,6 +98,7 @@ def test_off_spawns_as_sglang_does(started, fast):
     assert sorted(imports) == sorted([server, pids["scheduler"], pids["detokenizer"]])  # each imports
     for pid in (pids["scheduler"], pids["detokenizer"]):
         assert _stat(pid) == (server, server)
+    assert _title(pids["scheduler"]) == "sglang::scheduler"
     log = _stop(proc)
     assert "[dflash faststart]" not in log  # no template, no word of one
 

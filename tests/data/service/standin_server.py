@@ -549,6 +549,16 @@ def import_heavy() -> None:
         pass  # copied alone (the NixOS VM test)
 
 
+def name_itself(title: str) -> None:
+    """SGLang's children set their process title (setproctitle, "sglang::scheduler" and the like):
+    what ps, top and doctor's GPU lines show for them."""
+    try:
+        import setproctitle
+    except ImportError:
+        return  # copied alone (the NixOS VM test)
+    setproctitle.setproctitle(title)
+
+
 def die_with_parent() -> None:
     """SGLang's kill_itself_when_parent_died: PR_SET_PDEATHSIG = SIGKILL."""
     import ctypes
@@ -560,6 +570,7 @@ def scheduler_process(writer) -> None:
     parent = os.getppid()  # SGLang: psutil.Process().parent(), told with SIGQUIT when this fails
     try:
         import_heavy()
+        name_itself("sglang::scheduler")
         writer.send({"status": "ready", "pid": os.getpid()})
         fail_after = os.environ.get("STANDIN_SCHEDULER_FAIL_AFTER")
         time.sleep(float(fail_after) if fail_after else 1e9)
@@ -575,6 +586,7 @@ def scheduler_process(writer) -> None:
 def detokenizer_process() -> None:
     die_with_parent()
     import_heavy()
+    name_itself("sglang::detokenizer")
     while True:
         time.sleep(3600)
 

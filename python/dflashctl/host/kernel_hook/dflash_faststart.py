@@ -548,6 +548,7 @@ def template_main() -> None:
     if not state["ok"]:
         say(f"template not usable: {state['why']}; SGLang spawns its children as before")
         return
+    _set_up_process_titles()
     say(f"template ready: {len(state['preloaded'])} modules imported in {state['seconds']:.1f} s "
         f"(first {', '.join(state['preloaded'][:4])})")
     say(f"template: {len(state['missing'])} of the list not in this stack; {len(left_out)} left out "
@@ -557,6 +558,21 @@ def template_main() -> None:
         f"{_jemalloc_text(state['jemalloc'])}"
         f"a forked test child: {state['fork_probe']}")
     serve_forks(sock, server_pid)
+
+
+def _set_up_process_titles() -> None:
+    """setproctitle (SGLang's children name themselves sglang::scheduler, sglang::detokenizer with
+    it) finds the command line it rewrites by walking back from the environment's first string, on
+    its first use. Used first here, before any child takes the server's environment, it finds the
+    template's own command line, and every child inherits that: its title is what it sets, not
+    `python -c ... template_main()` (what ps, top and the GPU checks name it by)."""
+    titles = sys.modules.get("setproctitle")
+    if titles is not None and hasattr(titles, "_setproctitle"):  # the C module: the fallback does nothing
+        try:
+            titles.getproctitle()
+        except Exception as e:  # noqa: BLE001 (a title is not worth the template)
+            say(f"template: setproctitle could not be set up here ({type(e).__name__}: {e}); the "
+                "children's titles may stay the template's")
 
 
 def _die_with(server_pid: int) -> bool:
@@ -1103,8 +1119,7 @@ def run_child(fds: list[int], header: dict, payload: bytes, server_pid: int) -> 
         time.sleep(0.001)
     os.write(status_w, PID.pack(os.getpid()))
     os.close(status_w)  # child_w stays open for our whole life: the server's sentinel
-    os.environ.clear()
-    os.environ.update(header["env"])
+    _take_environment(header["env"])
     if _jemalloc_at_fork:
         _jemalloc_background_threads(True)
     try:
@@ -1116,6 +1131,18 @@ def run_child(fds: list[int], header: dict, payload: bytes, server_pid: int) -> 
         traceback.print_exc()
         code = 1
     raise SystemExit(code)
+
+
+def _take_environment(env: dict) -> None:
+    """The server's environment, changing only what differs: the variables the template started with
+    stay where exec put them, behind the command line, where a process-title library looks for
+    that command line (setproctitle walks back from environ[0]; os.environ.clear() would leave it
+    nothing to find, and SGLang's children would keep the template's title)."""
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 def _bootstrap(payload: bytes, inherited: list[int], tracker_fd: int, parent_sentinel: int) -> int:
