@@ -389,7 +389,7 @@ def test_stop_leaves_no_process_behind(deploy, fast):
     before = inst.processes()
     main = int(inst.show("MainPID")["MainPID"])
     roles = sorted(_role(p["cmd"]) for p in before)
-    if fast:  # the template and the scheduler and detokenizer forked from it share its command line
+    if fast:  # forked from the template, scheduler and detokenizer keep its command line: no setproctitle here
         assert roles == ["resource tracker", "serve"] + ["stand-in"] * 3 + ["template"] * 3, before
     else:
         assert roles == ["resource tracker", "serve"] + ["spawned child"] * 2 + ["stand-in"] * 3, before
