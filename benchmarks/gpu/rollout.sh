@@ -43,7 +43,7 @@ timeout --signal=INT "${ROLLOUT_LIMIT:-420}" python3 benchmarks/rollout_bench.py
 echo "rollout_bench exit $?" >>"$OUT/rollout-h200.txt"
 for f in "$work"/bench/serve-*.log "$OUT"/metrics/serve-*.log "$work"/bench/router.log; do
   [ -e "$f" ] || continue
-  { echo "===== $f (key lines)"; grep -E "KV Cache|max_total_num_tokens|Not enough|ready|READY|exit|Traceback|Error|preflight" "$f" | cut -c1-300 | head -40
+  { echo "===== $f (key lines)"; grep -E "KV Cache|max_total_num_tokens|Not enough|ready|READY|exit|Traceback|Error|preflight|faststart" "$f" | cut -c1-300 | head -40
     echo "===== $f (last 20 lines)"; tail -n 20 "$f" | cut -c1-300; } >>"$OUT/rollout-h200-logs.txt"
 done
 rm -f "$OUT"/metrics/*.log
