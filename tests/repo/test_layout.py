@@ -11,7 +11,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent.parent / "python" / "dflashctl"
 ORDER = ["smoke", "operations", "service", "host", "lock"]  # each may import those after it
-SHARED = {"cli", "cli_help", "errors", "exit_codes", "inputs", "output", "systems", "__init__", "__main__"}
+SHARED = {"cli", "cli_help", "errors", "exit_codes", "inputs", "output", "stop_signals", "systems", "__init__", "__main__"}
 
 
 def module_name(path: Path) -> str:

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dflashctl import stop_signals
 from dflashctl.host import gpu_health, probes
 
 POLL_S = 1.0  # at most once a second: a lost GPU is named within it, at 0.005 % of a core per GPU (0.05 ms a read)
@@ -65,9 +66,10 @@ class GpuWatch:
         try:
             # stderr nowhere: a pipe nobody drains would stop the child once full; its failures come
             # as its result on stdout, a crash as its exit status.
-            self._proc = subprocess.Popen([self.python, "-c", probes.CHILD_SOURCE, "gpu_watch", arg],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.DEVNULL, env=self.env, start_new_session=True)
+            with stop_signals.deferred():  # a stop arriving now is handled once self._proc is set
+                self._proc = subprocess.Popen([self.python, "-c", probes.CHILD_SOURCE, "gpu_watch", arg],
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                              stderr=subprocess.DEVNULL, env=self.env, start_new_session=True)
         except OSError as e:
             self._off(f"cannot run {self.python}: {e.strerror or e}")
             return self

@@ -339,8 +339,9 @@ def _run(args) -> int:
 def _supervise(cfg: config.InstanceConfig, server: Server, python: str) -> int:
     indices = gpu_claim.instance_gpus(cfg, server.env)
     watch = GpuWatch(python, indices, server.env, on_note=lambda text: say(f"GPU watch: {text}"),
-                     on_state=say).start()
+                     on_state=say)
     try:
+        watch.start()  # inside: a stop that comes while it starts must still stop it
         return _serve(cfg, server, python, watch, indices)
     finally:
         watch.stop()

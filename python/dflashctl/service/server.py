@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from dflashctl import stop_signals
 from dflashctl.errors import SERVER_DIED_BEFORE_READY, SERVER_STALLED, SERVER_START_TIMEOUT, DflashError
 from dflashctl.service.stall import GpuMemory, StallWatch
 
@@ -40,9 +41,10 @@ class Server:
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()  # echo starts here: earlier runs' lines are not repeated
             try:
-                self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
-                                             stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True)  # own group: signals reach all
+                with stop_signals.deferred():  # a stop arriving now is handled once self.proc is set
+                    self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
+                                                 stdout=log, stderr=subprocess.STDOUT,
+                                                 start_new_session=True)  # own group: signals reach all
             except OSError as e:
                 raise DflashError(f"cannot start {self.argv[0]}", e.strerror or str(e),
                                   "check the stack's Python interpreter path", SERVER_DIED_BEFORE_READY)
