@@ -97,6 +97,10 @@ class Supervisor:
     def _start(self, inst: Instance) -> None:
         env = {**inst.definition.env, "NOTIFY_SOCKET": inst.notify_address}
         with inst.changed:
+            if self._stopping:  # a restart asked for before shutdown() must not start after it
+                inst.state = "stopped"
+                inst.changed.notify_all()
+                return
             inst.state, inst.status_text, inst.exit_status = "starting", "", None
             inst.starts += 1
             inst.events.append((time.monotonic(), "start"))
@@ -220,6 +224,9 @@ class Supervisor:
                 pass  # the asker gave up waiting (its own timeout): the restart went on regardless
 
     def shutdown(self) -> None:
+        for inst in self.instances.values():
+            with inst.changed:  # under each lock: a _start() either ran before (and is stopped) or sees it
+                self._stopping = True
         self._stopping = True
         for inst in self.instances.values():
             self._stop(inst)
