@@ -22,6 +22,7 @@ from serve_fixture import LAUNCHER, NEVER, free_port
 from dflashctl import stop_signals
 from dflashctl.host.gpu_watch import GpuWatch
 from dflashctl.service.server import Server
+from dflashctl.smoke.jit_prewarm import Prewarm
 
 REPO = Path(__file__).resolve().parent.parent.parent
 STOP_AFTER_FORK = "DFLASH_TEST_STOP_AFTER_FORK"
@@ -119,6 +120,16 @@ def test_the_gpu_watch_started_as_the_stop_came_is_known_and_stopped(stop_after_
     assert watch.pid is not None, "the GPU watch was started but its pid was lost"
     watch.stop()
     assert not _alive(watch.pid)
+
+
+def test_the_jit_prewarm_started_as_the_stop_came_is_known_and_stopped(stop_after_fork):
+    prewarm = Prewarm(sys.executable, dict(os.environ), [])
+    with pytest.raises(Stop):
+        prewarm.start()
+    assert prewarm.proc is not None, "the JIT prewarm was started but its pid was lost"
+    prewarm.stop()
+    prewarm.proc.wait(10)
+    assert not _alive(prewarm.proc.pid)
 
 
 def _marked(marker: str) -> list[int]:

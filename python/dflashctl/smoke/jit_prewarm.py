@@ -19,23 +19,31 @@ import subprocess
 import threading
 import time
 
+from dflashctl import stop_signals
 from dflashctl.host import jit_child, kernels
 from dflashctl.host.kernels import calls_for  # noqa: F401 (the loaders the prewarm calls)
 
 
 class Prewarm:
-    """The compiling child, started beside the servers; `result()` collects what it did."""
+    """The compiling child, started (`start()`) beside the servers; `result()` collects what it did."""
 
     def __init__(self, python: str, env: dict, calls: list[list]):
+        self.python, self.env, self.calls = python, env, calls
         self.started = time.monotonic()
-        self.calls = calls
-        self.proc = subprocess.Popen([python, "-c", kernels.JIT_CHILD, "prewarm", json.dumps(calls)], env=env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.proc: subprocess.Popen | None = None
         self._output: tuple[bytes, bytes] = (b"", b"")
         self._ended: float | None = None
         self._waiter = threading.Thread(target=self._wait, daemon=True, name="jit-prewarm")
+
+    def start(self) -> "Prewarm":
+        """Separate from construction: the caller holds the object before a stop can come (stop())."""
+        self.started = time.monotonic()
+        with stop_signals.deferred():
+            self.proc = subprocess.Popen([self.python, "-c", kernels.JIT_CHILD, "prewarm", json.dumps(self.calls)],
+                                         env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True)
         self._waiter.start()
+        return self
 
     def _wait(self) -> None:
         self._output = self.proc.communicate()
@@ -59,7 +67,7 @@ class Prewarm:
         return {"enabled": True, "ok": all(c["ok"] for c in calls), "wall_s": seconds, **done, "calls": calls}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:

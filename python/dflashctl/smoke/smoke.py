@@ -382,7 +382,9 @@ def _run_local(o: SmokeOptions, phases: dict, t0: float, work: Path) -> tuple[Pl
             fleet = Fleet([start_server(o, sp, plan.launch, work, started, plan.fraction) for sp in group],
                           o.start_timeout)
             if i == 0:
-                prewarm, outcome.jit_prewarm = _start_prewarm(o, plan.specs[0].target, started[0])
+                prewarm, outcome.jit_prewarm = _prewarm_for(o, plan.specs[0].target, started[0])
+                if prewarm:
+                    prewarm.start()  # `prewarm` holds it first: a stop while it starts still ends it
             _measure_fleet(o, plan, outcome, fleet, t, phases)
             if plan.launch == "sequential":
                 stop_all(fleet.started)
@@ -453,9 +455,9 @@ def models_line(models: list[dict]) -> str:
     return "models: " + "; ".join(parts)
 
 
-def _start_prewarm(o: SmokeOptions, target: str, first: Started) -> tuple["jit_prewarm.Prewarm | None", dict | None]:
-    """The JIT helper, in the servers' environment, with the target's shapes; or, where it is not
-    started, why (the result's jit_prewarm): off, no config.json on this disk (a hub id: no shapes
+def _prewarm_for(o: SmokeOptions, target: str, first: Started) -> tuple["jit_prewarm.Prewarm | None", dict | None]:
+    """The JIT helper (not yet started), in the servers' environment, with the target's shapes; or,
+    where it is not to be started, why (the result's jit_prewarm): off, no config.json on this disk (a hub id: no shapes
     to compile for), or nothing to compile (the prebuilt kernels hold every module, and its
     import of torch and SGLang would only slow the servers' own)."""
     if not o.jit_prewarm:
