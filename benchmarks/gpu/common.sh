@@ -28,36 +28,42 @@ unpack_payload() {
   mkdir -p "$SITE" && xz -d -T8 <"$1/payload.tar.xz" | tar -x -C "$SITE" && touch "$SITE/.unpacked"
 }
 
-# sglang_fixup: the Nix stack's edits of the locked sglang wheel (overlays/fixups/sglang.nix: the
-# IPython import made lazy) made to $SITE once a machine, read from the fix-up's postInstall as Nix
-# evaluates it ($1, made where Nix is, benchmarks/README.md) with `dflashctl audit`'s own parser;
-# the file as published stays beside each edited one as NAME.orig. No such file: say so, go on.
-sglang_fixup() {
-  [ -f "$SITE/.sglang-fixup" ] && return 0
-  [ -f "$1" ] || { say "no $1: the payload's sglang is the wheel as published, not the Nix stack's"; return 0; }
-  PYTHONPATH=$PWD/python ${PY:-python3} - "$1" "$SITE" <<'PYEOF' || return 3
+# stack_fixups: the Nix stack's edits of locked wheels (overlays/fixups/sglang.nix: IPython's import
+# and the frontend language made lazy; transformers.nix: torchao's import made lazy) made to $SITE once
+# a machine, read from each fix-up's postInstall as Nix evaluates it ($1/NAME-postinstall.sh, made
+# where Nix is by prepare_fixups.sh) with `dflashctl audit`'s own parser; the file as published stays
+# beside each edited one as NAME.orig, and $SITE/.fixups-edited lists the edited files. No such
+# script: say so, go on (that package stays as published).
+stack_fixups() {
+  [ -f "$SITE/.fixups-edited" ] && return 0
+  local scripts
+  scripts=$(ls "$1"/*-postinstall.sh 2>/dev/null)
+  [ -n "$scripts" ] || { say "no $1/*-postinstall.sh: the payload's wheels are as published, not the Nix stack's (prepare_fixups.sh)"; return 0; }
+  PYTHONPATH=$REPO/python ${PY:-python3} - "$SITE" $scripts <<'PYEOF' || return 3
 import os, shutil, sys
 from dflashctl.lock.fixup_scripts import effects
-script, site = sys.argv[1], sys.argv[2]
-edits = effects(open(script).read()).replacements
-for r in edits:
-    path = f"{site}/{r.path.split('/site-packages/', 1)[1]}"
-    text = open(path).read()
-    if r.old not in text:
-        sys.exit(f"sglang fix-up: {r.old!r} is not in {path}")
-    if not os.path.exists(path + ".orig"):
-        shutil.copyfile(path, path + ".orig")
-    open(path, "w").write(text.replace(r.old, r.new))
-print(f"sglang fix-up: {len(edits)} edit(s) made to {sorted({r.path.rsplit('/', 1)[1] for r in edits})}", file=sys.stderr)
+site, scripts = sys.argv[1], sys.argv[2:]
+edited = []
+for script in scripts:
+    for r in effects(open(script).read()).replacements:
+        path = f"{site}/{r.path.split('/site-packages/', 1)[1]}"
+        text = open(path).read()
+        if r.old not in text:
+            sys.exit(f"fix-up {os.path.basename(script)}: {r.old!r} is not in {path}")
+        if not os.path.exists(path + ".orig"):
+            shutil.copyfile(path, path + ".orig")
+            edited.append(path)
+        open(path, "w").write(text.replace(r.old, r.new))
+open(f"{site}/.fixups-edited", "w").write("".join(p + "\n" for p in edited))
+print(f"fix-ups: {len(edited)} file(s) edited: {[p.split(site + '/', 1)[1] for p in edited]}", file=sys.stderr)
 PYEOF
-  touch "$SITE/.sglang-fixup"
 }
 
 # stack_setup: the payload of $PAYLOAD_DIR (default .gpu) unpacked, $SITE on PYTHONPATH (each script
 # puts this tree's python/ in front itself), no hub access, unbuffered Python.
 stack_setup() {
   unpack_payload "${PAYLOAD_DIR:-$PWD/.gpu}" || return $?
-  sglang_fixup "${PAYLOAD_DIR:-$PWD/.gpu}/sglang-postinstall.sh" || return $?
+  stack_fixups "${PAYLOAD_DIR:-$PWD/.gpu}" || return $?
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} ;; esac
 }

@@ -5,8 +5,8 @@
 #           device's site-packages, then `prebuilt_kernels.sh build` (the flake's prebuilt kernels,
 #           /tmp/i21/prebuilt; kept while the machine stays warm)
 #   imports the server's first import (`import sglang.launch_server` in a fresh interpreter) with the
-#           Nix stack's sglang fix-up (IPython's import made lazy; common.sh's sglang_fixup) and
-#           without it, alternating, $IMPORT_RUNS (3) each
+#           Nix stack's import fix-ups (common.sh's stack_fixups, the scripts prepare_fixups.sh writes)
+#           and as published, alternating, $IMPORT_RUNS (3) each
 #   cudasites  benchmarks/gpu/cuda_at_import.py: where SGLang's own modules (what a scheduler and a
 #           detokenizer import) and the GPU libraries reach CUDA at import, site by site (what a template
 #           preloading them would have to answer without CUDA); cudasites.json, about a minute
@@ -64,25 +64,24 @@ fi
 fi
 [ -f "$K/index.json" ] && stamp "prebuilt kernels: $K" || stamp "no prebuilt kernels: the runs compile (say so)"
 
-# 1b. the first import with the sglang fix-up (IPython's import made lazy) and as published: a fresh
-# interpreter importing the server's main module, alternating, $IMPORT_RUNS (3) of each after one
-# unmeasured; the fix-up's edit stays in place afterwards
+# 1b. the first import with the Nix stack's import fix-ups (sglang: IPython and the frontend language
+# made lazy; transformers: torchao) and as published: a fresh interpreter importing the server's main
+# module, alternating, $IMPORT_RUNS (3) of each after one unmeasured; the fixed files stay afterwards
 if want imports; then
-U=$SITE/sglang/utils.py
-if [ -f "$U.orig" ]; then
-  cp "$U" /tmp/i44/utils.lazy
-  cp "$U.orig" /tmp/i44/utils.orig
-  probe='import sys, time; t = time.perf_counter(); import sglang.launch_server; d = time.perf_counter() - t; print(round(d, 2), "s, IPython imported:", "IPython" in sys.modules, len(sys.modules), "modules")'
+if [ -s "$SITE/.fixups-edited" ]; then
+  mapfile -t EDITED <"$SITE/.fixups-edited"
+  for f in "${EDITED[@]}"; do cp "$f" "$f.fixed"; done
+  probe='import sys, time; t = time.perf_counter(); import sglang.launch_server; d = time.perf_counter() - t; print(round(d, 2), "s, imported:", {m: m in sys.modules for m in ("IPython", "sglang.lang", "aiohttp", "torchao")}, len(sys.modules), "modules")'
   $PY -c "$probe" >/dev/null 2>&1
   for i in $(seq "${IMPORT_RUNS:-3}"); do
-    for variant in orig lazy; do
-      cp "/tmp/i44/utils.$variant" "$U"
-      stamp "import sglang.launch_server, utils.py $variant: $($PY -c "$probe" 2>&1 | tail -n1)"
+    for variant in orig fixed; do
+      for f in "${EDITED[@]}"; do cp "$f.$variant" "$f"; done
+      stamp "import sglang.launch_server, $variant: $($PY -c "$probe" 2>&1 | tail -n1)"
     done
   done
-  cp /tmp/i44/utils.lazy "$U"
+  for f in "${EDITED[@]}"; do cp "$f.fixed" "$f"; done
 else
-  stamp "imports: skipped, the sglang fix-up was not applied (no $U.orig)"
+  stamp "imports: skipped, no fix-up was applied (no $SITE/.fixups-edited: prepare_fixups.sh)"
 fi
 fi
 

@@ -1,6 +1,6 @@
 # SGLang from the lock, patched, or swapped: overlay arguments sglangPatches, sglangPatchFlags
-# and sglangSrc (docs/nix.md shows DDTree as the example). The locked wheel also gets its IPython
-# import made lazy (lazyIPython below).
+# and sglangSrc (docs/nix.md shows DDTree as the example). The locked wheel also gets two imports
+# that a server never uses made lazy (lazyIPython and lazyFrontend below).
 {
   lib,
   python,
@@ -25,8 +25,8 @@ let
   # wheel; another SGLang (sglangSrc) is left as it is, and after sglangPatches (which may have
   # moved the line) a missing text only warns.
   replace = if sglangPatches == [ ] then "--replace-fail" else "--replace-warn";
-  # What to compile again: what the patches may have touched, or the one edited file.
-  edited = if sglangPatches != [ ] then "sglang" else "sglang/utils.py";
+  # What to compile again: what the patches may have touched, or the edited files.
+  edited = if sglangPatches != [ ] then "sglang" else "sglang/utils.py sglang/__init__.py";
   lazyIPython = lib.optionalString (sglangSrc == null) ''
     substituteInPlace $out/${python.sitePackages}/sglang/utils.py ${replace} '
     from IPython.display import HTML, display
@@ -37,6 +37,74 @@ let
     ' '
     def print_highlight(html_content: str):
         from IPython.display import HTML, display  # dflash fix-up: imported where it is used
+    '
+  '';
+  # The package's __init__ imports the frontend language (sglang.lang: gen, select, Runtime,
+  # RuntimeEndpoint, ...) for programs written with it; no module of sglang.srt uses it, yet
+  # every server process paid for it (aiohttp and about 90 modules; with the torchao fix-up of
+  # transformers.nix, ~0.6 s of a 4.9 s `import sglang.launch_server` on the 2-core development
+  # machine). Those names now resolve at their first use (a module __getattr__, PEP 562) to the
+  # same objects: `sgl.gen`, `from sglang import gen` and `import *` behave as before.
+  # Engine stays the package's own LazyImport, defined after this block as before.
+  lazyFrontend = lib.optionalString (sglangSrc == null) ''
+    substituteInPlace $out/${python.sitePackages}/sglang/__init__.py ${replace} '
+    from sglang.lang.api import (
+        Engine,
+        Runtime,
+        assistant,
+        assistant_begin,
+        assistant_end,
+        flush_cache,
+        function,
+        gen,
+        gen_int,
+        gen_string,
+        get_server_info,
+        image,
+        select,
+        separate_reasoning,
+        set_default_backend,
+        system,
+        system_begin,
+        system_end,
+        user,
+        user_begin,
+        user_end,
+        video,
+    )
+    from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+    from sglang.lang.choices import (
+        greedy_token_selection,
+        token_length_normalized,
+        unconditional_likelihood_normalized,
+    )
+    ' '
+    # dflash fix-up: the frontend language is imported where a program first uses one of its names
+    _FRONTEND_MODULES = {
+        "sglang.lang.api": (
+            "Runtime", "assistant", "assistant_begin", "assistant_end", "flush_cache", "function",
+            "gen", "gen_int", "gen_string", "get_server_info", "image", "select", "separate_reasoning",
+            "set_default_backend", "system", "system_begin", "system_end", "user", "user_begin",
+            "user_end", "video",
+        ),
+        "sglang.lang.backend.runtime_endpoint": ("RuntimeEndpoint",),
+        "sglang.lang.choices": (
+            "greedy_token_selection", "token_length_normalized", "unconditional_likelihood_normalized",
+        ),
+    }
+    _FRONTEND = {name: module for module, names in _FRONTEND_MODULES.items() for name in names}
+
+
+    def __getattr__(name):
+        import importlib
+
+        if name == "lang":
+            return importlib.import_module("sglang.lang")
+        if name not in _FRONTEND:
+            raise AttributeError(f"sglang has no attribute {name!r}")
+        value = getattr(importlib.import_module(_FRONTEND[name]), name)
+        globals()[name] = value
+        return value
     '
   '';
 in
@@ -99,10 +167,11 @@ lib.optionalAttrs isWheel {
     );
   }
 )
-// lib.optionalAttrs (sglangPatches != [ ] || lazyIPython != "") {
+// lib.optionalAttrs (sglangPatches != [ ] || lazyIPython != "" || lazyFrontend != "") {
   # A wheel has no source tree to patch, so the installed files are patched; upstream patches
   # say a/python/sglang/..., installed files are sglang/..., hence the default -p2. The patches
-  # go first (they are made against upstream's text), then the import fix-up (lazyIPython).
+  # go first (they are made against upstream's text), then the import fix-ups (lazyIPython,
+  # lazyFrontend).
   postInstall =
     (prev.postInstall or "")
     + lib.optionalString (sglangPatches != [ ]) ''
@@ -114,6 +183,7 @@ lib.optionalAttrs isWheel {
       popd >/dev/null
     ''
     + lazyIPython
+    + lazyFrontend
     + ''
       # Byte code compiled before these edits would be stale; rebuild it from the edited files.
       pushd $out/${python.sitePackages} >/dev/null

@@ -1,10 +1,12 @@
-"""The sglang fix-up that moves sglang/utils.py's module-level IPython import into the one helper
-that uses it (overlays/fixups/sglang.nix, `lazyIPython`; issue 44's first import): its install
-script evaluated by Nix and run as the build runs it.
+"""The sglang fix-ups that keep what a server never uses out of its imports (overlays/fixups/sglang.nix;
+issue 44's first import), their install script evaluated by Nix and run as the build runs it:
+`lazyIPython` moves sglang/utils.py's module-level IPython import into the one helper that uses it;
+`lazyFrontend` makes the package's frontend-language names (sglang.lang) resolve at their first use.
 
-Offline: over a module of the same shape written here, with a stand-in IPython that records its
-import. With network: over the locked wheel, where no module of the sglang package imports
-IPython any more when it is imported, and the helper still does when it is called."""
+Offline: over modules of the same shape written here, with stand-ins that record their import. With
+network: over the locked wheel, where no module of the sglang package imports IPython any more when
+it is imported, the package's __init__ no longer imports sglang.lang, and its table names exactly
+what the published import block did."""
 
 import ast
 import subprocess
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, nix_or_skip
+from dflashctl.lock.fixup_scripts import effects
 from fixup_shell import SITE, locked_wheel, run_script, unpack
 from nixeval import nix_env
 
@@ -79,14 +82,6 @@ def import_then_call(site: Path, tmp_path: Path) -> tuple[subprocess.CompletedPr
     return done, record.read_text().splitlines() if record.exists() else []
 
 
-def shaped_site(tmp_path: Path) -> Path:
-    site = tmp_path / "out" / SITE
-    (site / "sglang").mkdir(parents=True)
-    (site / "sglang/__init__.py").write_text("")
-    (site / "sglang/utils.py").write_text(SHAPED_UTILS)
-    return site
-
-
 def test_the_helper_imports_ipython_when_called_not_the_module(tmp_path):
     site = shaped_site(tmp_path)
     before, imported = import_then_call(site, tmp_path)
@@ -127,6 +122,99 @@ def test_after_patches_a_moved_line_only_warns(tmp_path):
 
 def test_another_sglang_is_left_as_it_is():
     assert "substituteInPlace" not in post_install(src='"/store/sglang-0.5.12-cp312-cp312-manylinux_2_34_x86_64.whl"')
+
+
+# ---------------------------------------------------------------- lazyFrontend, offline
+
+def frontend_edit():
+    """The fix-up's edit of sglang/__init__.py: the published import block and its replacement."""
+    (edit,) = [r for r in effects(post_install()).replacements if r.path.endswith("sglang/__init__.py")]
+    return edit
+
+
+def imported_names(block: str) -> dict[str, list[str]]:
+    """module -> the names a block of `from M import (...)` statements binds, in order."""
+    return {n.module: [a.name for a in n.names] for n in ast.parse(block).body if isinstance(n, ast.ImportFrom)}
+
+
+def shaped_site(tmp_path: Path) -> Path:
+    """A package of the shapes the fix-ups edit: utils.py's (above), __init__.py's around the published
+    block (the fix-up's own OLD text), and frontend modules that bind each name to an object of their
+    own and record their import."""
+    site = tmp_path / "out" / SITE
+    old = frontend_edit().old
+    (site / "sglang/lang/backend").mkdir(parents=True)
+    (site / "sglang/utils.py").write_text(SHAPED_UTILS)
+    (site / "sglang/global_config.py").write_text("global_config = object()\n")
+    init = ("from sglang.global_config import global_config\n" + old
+            + 'Engine = "the package\'s own lazy Engine"\n'
+            + f"__all__ = {sorted({n for names in imported_names(old).values() for n in names})!r}\n")
+    (site / "sglang/__init__.py").write_text(init)
+    for part in ("sglang/lang/__init__.py", "sglang/lang/backend/__init__.py"):
+        (site / part).write_text("")
+    for module, names in imported_names(old).items():
+        body = 'import os\nif "FRONTEND_IMPORTED" in os.environ:\n'
+        body += '    open(os.environ["FRONTEND_IMPORTED"], "a").write(__name__ + "\\n")\n'
+        body += "".join(f"class {n}:\n    pass\n" for n in names)
+        (site / (module.replace(".", "/") + ".py")).write_text(body)
+    return site
+
+
+def run_frontend_probe(site: Path, tmp_path: Path, code: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    record = tmp_path / "frontend-imported"
+    record.unlink(missing_ok=True)
+    env = {"PATH": "/usr/bin:/bin", "FRONTEND_IMPORTED": str(record), "PYTHONPATH": str(site)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    return done, record.read_text().splitlines() if record.exists() else []
+
+
+def test_the_frontend_is_imported_at_first_use_not_with_the_package(tmp_path):
+    site = shaped_site(tmp_path)
+    at_import = "import sys, sglang; print(sorted(m for m in sys.modules if m.startswith('sglang.lang')))"
+    before, imported = run_frontend_probe(site, tmp_path, at_import)
+    assert before.returncode == 0, before.stderr
+    assert set(imported) == {"sglang.lang.api", "sglang.lang.backend.runtime_endpoint", "sglang.lang.choices"}
+
+    done = run_script(post_install(), tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    after, imported = run_frontend_probe(site, tmp_path, at_import)
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.split() == ["[]"] and imported == []
+    assert list((site / "sglang/__pycache__").glob("__init__.*.pyc"))  # byte code of the edited file
+
+    # each name the block bound is the frontend module's own object, imported once at its first use
+    names = imported_names(frontend_edit().old)
+    same = ("import importlib, sglang\n"
+            f"names = {names!r}\n"
+            "for module, ns in names.items():\n"
+            "    for n in ns:\n"
+            "        if n != 'Engine':\n"
+            "            assert getattr(sglang, n) is getattr(importlib.import_module(module), n), n\n"
+            "print(sglang.Engine, sglang.lang.__name__)")
+    used, imported = run_frontend_probe(site, tmp_path, same)
+    assert used.returncode == 0, used.stderr
+    assert used.stdout.strip() == "the package's own lazy Engine sglang.lang"  # defined after the block, as before
+    assert sorted(imported) == sorted(m for m in names)  # each module once
+
+    star, _ = run_frontend_probe(site, tmp_path, "from sglang import *; print(gen.__module__, RuntimeEndpoint.__module__)")
+    assert star.returncode == 0, star.stderr
+    assert star.stdout.split() == ["sglang.lang.api", "sglang.lang.backend.runtime_endpoint"]
+    wrong, imported = run_frontend_probe(site, tmp_path, "import sglang; sglang.no_such_name")
+    assert wrong.returncode == 1 and "AttributeError: sglang has no attribute 'no_such_name'" in wrong.stderr
+    assert imported == []
+
+
+def test_the_frontend_table_names_what_the_block_imported():
+    """The replacement's table is the published block's names, module by module (Engine aside: the
+    package rebinds it after the block), so no name is lost or gained."""
+    edit = frontend_edit()
+    published = imported_names(edit.old)
+    table = {}
+    for node in ast.parse(edit.new).body:
+        if isinstance(node, ast.Assign) and node.targets[0].id == "_FRONTEND_MODULES":
+            table = ast.literal_eval(node.value)
+    assert {m: list(ns) for m, ns in table.items()} == {
+        m: [n for n in ns if n != "Engine"] for m, ns in published.items()}
 
 
 # ---------------------------------------------------------------- the locked wheel, with network
@@ -191,3 +279,22 @@ def test_no_module_of_the_locked_sglang_imports_ipython_when_imported(tmp_path):
     assert [f for f in names_taken_from(site / "sglang", "sglang.utils") if {"HTML", "display"} & f[1]] == []
     others = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in ("HTML", "display")]
     assert {n.lineno for n in others} <= {n.lineno for n in ast.walk(helper) if isinstance(n, ast.Name)}
+
+
+@pytest.mark.network
+def test_the_locked_sglang_package_no_longer_imports_its_frontend(tmp_path):
+    wheel = locked_wheel("sglang", tmp_path)
+    site = unpack(wheel, tmp_path / "out")
+    init = site / "sglang/__init__.py"
+
+    def frontend_imports() -> list[str]:
+        return [m for m in imports_at_module_level(parse(init)) if m == "sglang.lang" or m.startswith("sglang.lang.")]
+
+    assert sorted(frontend_imports()) == sorted(imported_names(frontend_edit().old))
+    done = run_script(post_install(), tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert frontend_imports() == []
+    # a server never needed them: no module of sglang.srt imports the frontend
+    srt = [str(p) for p in sorted((site / "sglang/srt").rglob("*.py"))
+           if any(m == "sglang.lang" or m.startswith("sglang.lang.") for m in imports_at_module_level(parse(p)))]
+    assert srt == []

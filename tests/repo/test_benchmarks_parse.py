@@ -18,8 +18,8 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent.parent / "benchmarks"
 SHELL = sorted(BENCH.rglob("*.sh"))
 PYTHON = sorted(BENCH.rglob("*.py"))
-# Not benchmarks of their own: a wrapper other scripts run, and a step on the local machine.
-HELPERS = {"common.sh", "setup.sh", "nix_loader_emulation.sh", "prepare_wrong_xgrammar.sh"}
+# Not benchmarks of their own: a wrapper other scripts run, and steps on the local machine.
+HELPERS = {"common.sh", "setup.sh", "nix_loader_emulation.sh", "prepare_wrong_xgrammar.sh", "prepare_fixups.sh"}
 
 
 def test_the_benchmarks_are_found():
