@@ -90,12 +90,21 @@ def trickle():
     server.close()
 
 
+def as_from_a_terminal() -> None:
+    """The command starts with SIGINT's default disposition, as from an interactive shell (where a
+    Ctrl-C comes from). A test run started in the background of a non-interactive shell inherits
+    SIGINT ignored, and Python then keeps it ignored (nohup's meaning): the tests would otherwise
+    depend on how pytest itself was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(argv: list[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + (
         [environ["PYTHONPATH"]] if environ.get("PYTHONPATH") else []))
     return subprocess.Popen([sys.executable, "-m", "dflashctl", *argv], cwd=cwd, env={**environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_from_a_terminal)
 
 
 def wait_for(what: str, ready, proc: subprocess.Popen) -> None:

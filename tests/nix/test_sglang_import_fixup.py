@@ -11,34 +11,16 @@ what the published import block did."""
 import ast
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, nix_or_skip
-from dflashctl.lock.fixup_scripts import effects
-from fixup_shell import SITE, locked_wheel, run_script, unpack
-from nixeval import nix_env
+from fixup_shell import locked_wheel, run_script, unpack
+from import_fixups import (SHAPED_UTILS, frontend_edit, imported_names, imports_at_module_level, parse,
+                           shaped_sglang_site as shaped_site, sglang_post_install as post_install)
 
 pytestmark = pytest.mark.nix
 
-# The two lines the fix-up looks for, in a module of our own with utils.py's shape.
-SHAPED_UTILS = '''import json
-from IPython.display import HTML, display
-from json import dumps
-
-
-def is_in_ci():
-    return True
-
-
-def print_highlight(html_content: str):
-    if is_in_ci():
-        display(HTML(f"<b>{html_content}</b>"))
-    else:
-        print(html_content)
-'''
 STAND_IN_IPYTHON = '''import os
 with open(os.environ["IPYTHON_IMPORTED"], "a") as f:
     f.write("imported\\n")
@@ -49,17 +31,6 @@ def HTML(text):
 def display(obj):
     print("displayed", obj)
 '''
-
-
-def post_install(patches: str = "[ ]", src: str = "null") -> str:
-    expr = (f'let lib = import {REPO}/tests/nix/stub-nixpkgs/lib.nix; in ((import {REPO}/overlays/fixups/sglang.nix '
-            f'{{ inherit lib; python = {{ sitePackages = "{SITE}"; interpreter = "python3.12"; }}; packages = {{ }}; '
-            f'options = {{ sglangPatches = {patches}; sglangPatchFlags = [ "-p2" ]; sglangSrc = {src}; }}; }}) '
-            f'{{ }}).postInstall or ""')
-    done = subprocess.run([nix_or_skip(), "eval", "--impure", "--raw", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def stand_in_ipython(tmp_path: Path) -> Path:
@@ -126,40 +97,6 @@ def test_another_sglang_is_left_as_it_is():
 
 # ---------------------------------------------------------------- lazyFrontend, offline
 
-def frontend_edit():
-    """The fix-up's edit of sglang/__init__.py: the published import block and its replacement."""
-    (edit,) = [r for r in effects(post_install()).replacements if r.path.endswith("sglang/__init__.py")]
-    return edit
-
-
-def imported_names(block: str) -> dict[str, list[str]]:
-    """module -> the names a block of `from M import (...)` statements binds, in order."""
-    return {n.module: [a.name for a in n.names] for n in ast.parse(block).body if isinstance(n, ast.ImportFrom)}
-
-
-def shaped_site(tmp_path: Path) -> Path:
-    """A package of the shapes the fix-ups edit: utils.py's (above), __init__.py's around the published
-    block (the fix-up's own OLD text), and frontend modules that bind each name to an object of their
-    own and record their import."""
-    site = tmp_path / "out" / SITE
-    old = frontend_edit().old
-    (site / "sglang/lang/backend").mkdir(parents=True)
-    (site / "sglang/utils.py").write_text(SHAPED_UTILS)
-    (site / "sglang/global_config.py").write_text("global_config = object()\n")
-    init = ("from sglang.global_config import global_config\n" + old
-            + 'Engine = "the package\'s own lazy Engine"\n'
-            + f"__all__ = {sorted({n for names in imported_names(old).values() for n in names})!r}\n")
-    (site / "sglang/__init__.py").write_text(init)
-    for part in ("sglang/lang/__init__.py", "sglang/lang/backend/__init__.py"):
-        (site / part).write_text("")
-    for module, names in imported_names(old).items():
-        body = 'import os\nif "FRONTEND_IMPORTED" in os.environ:\n'
-        body += '    open(os.environ["FRONTEND_IMPORTED"], "a").write(__name__ + "\\n")\n'
-        body += "".join(f"class {n}:\n    pass\n" for n in names)
-        (site / (module.replace(".", "/") + ".py")).write_text(body)
-    return site
-
-
 def run_frontend_probe(site: Path, tmp_path: Path, code: str) -> tuple[subprocess.CompletedProcess, list[str]]:
     record = tmp_path / "frontend-imported"
     record.unlink(missing_ok=True)
@@ -218,30 +155,6 @@ def test_the_frontend_table_names_what_the_block_imported():
 
 
 # ---------------------------------------------------------------- the locked wheel, with network
-
-def imports_at_module_level(tree: ast.Module) -> list[str]:
-    """The modules a file imports when it is imported: its top level, the branches of its ifs,
-    trys and withs, and class bodies; not function bodies."""
-    found, todo = [], list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Import):
-            found += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append(node.module)
-        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            todo += [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt)]
-            for handler in getattr(node, "handlers", []):
-                todo += handler.body
-    return found
-
-
-def parse(path: Path) -> ast.Module:
-    with warnings.catch_warnings():  # SGLang's own invalid escapes are not ours to report
-        warnings.simplefilter("ignore", SyntaxWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return ast.parse(path.read_bytes(), str(path))
-
 
 def ipython_importers(package: Path) -> list[str]:
     out = []

@@ -14,50 +14,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, nix_or_skip
-from dflashctl.lock.fixup_scripts import effects
-from fixup_shell import SITE, locked_wheel, run_script, unpack
+from fixup_shell import locked_wheel, run_script, unpack
+from import_fixups import (QUANTIZER, imports_at_module_level, parse, shaped_sglang_site,
+                           shaped_transformers_site as shaped_site, transformers_post_install as post_install)
 from nixeval import nix_env
-from test_sglang_import_fixup import imports_at_module_level, parse
 
 pytestmark = pytest.mark.nix
-
-QUANTIZER = "transformers/quantizers/quantizer_torchao.py"
-STAND_IN_SUPPORT = '''import os
-open(os.environ["TORCHAO_IMPORTED"], "a").write("imported\\n")
-
-
-def flatten_tensor_state_dict(state):
-    return {"flattened": sorted(state)}
-'''
-
-
-def post_install() -> str:
-    expr = (f'((import {REPO}/overlays/fixups/transformers.nix {{ python = {{ sitePackages = "{SITE}"; '
-            f'interpreter = "python3.12"; }}; }}) {{ }}).postInstall')
-    done = subprocess.run([nix_or_skip(), "eval", "--impure", "--raw", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def shaped_site(tmp_path: Path) -> Path:
-    """quantizer_torchao.py's shape: the fix-up's first OLD at module level, its second as the body
-    of the method, and a stand-in torchao beside it."""
-    import_block, method_body = [r.old for r in effects(post_install()).replacements]
-    site = tmp_path / "out" / SITE
-    (site / "transformers/quantizers").mkdir(parents=True)
-    (site / "transformers/__init__.py").write_text("")
-    (site / "transformers/quantizers/__init__.py").write_text("")
-    (site / QUANTIZER).write_text(
-        "def is_torchao_available():\n    return True\n" + import_block
-        + "\n\nclass TorchAoHfQuantizer:\n    def get_state_dict_and_metadata(self, model):" + method_body)
-    support = site / "torchao/prototype/safetensors"
-    support.mkdir(parents=True)
-    for init in ("torchao", "torchao/prototype", "torchao/prototype/safetensors"):
-        (site / init / "__init__.py").write_text("")
-    (support / "safetensors_support.py").write_text(STAND_IN_SUPPORT)
-    return site
-
 
 def import_then_call(site: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
     record = tmp_path / "torchao-imported"
@@ -122,14 +84,12 @@ def test_the_gpu_benchmarks_make_the_builds_edits(tmp_path):
     """benchmarks/gpu/prepare_fixups.sh writes both import fix-ups' scripts as Nix evaluates them, and
     common.sh's stack_fixups makes on the GPU machine's unpacked wheels exactly the edits the build
     makes, keeping each published file beside it (what faststart.sh's imports step alternates)."""
-    from test_sglang_import_fixup import shaped_site as shaped_sglang
-
     nix_or_skip()
     built = shaped_site(tmp_path / "built")
-    shaped_sglang(tmp_path / "built")
+    shaped_sglang_site(tmp_path / "built")
     payload = tmp_path / "gpu"
     bench = shaped_site(tmp_path / "bench")
-    shaped_sglang(tmp_path / "bench")
+    shaped_sglang_site(tmp_path / "bench")
     published = {p.relative_to(bench): p.read_text() for p in bench.rglob("*.py")}
 
     made = subprocess.run(["bash", str(REPO / "benchmarks/gpu/prepare_fixups.sh"), str(payload)], cwd=REPO,
