@@ -5,13 +5,14 @@ texts, and a reader of the modules a file imports when it is imported."""
 
 import ast
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
 from conftest import REPO, nix_or_skip
 from dflashctl.lock.fixup_scripts import effects
-from fixup_shell import SITE
-from nixeval import nix_env
+from fixup_shell import SITE, run_script
+from nixeval import eval_expr
 
 # The two lines the fix-up looks for, in a module of our own with utils.py's shape.
 SHAPED_UTILS = '''import json
@@ -29,15 +30,14 @@ def print_highlight(html_content: str):
     else:
         print(html_content)
 '''
+
+
 def sglang_post_install(patches: str = "[ ]", src: str = "null") -> str:
     expr = (f'let lib = import {REPO}/tests/nix/stub-nixpkgs/lib.nix; in ((import {REPO}/overlays/fixups/sglang.nix '
             f'{{ inherit lib; python = {{ sitePackages = "{SITE}"; interpreter = "python3.12"; }}; packages = {{ }}; '
             f'options = {{ sglangPatches = {patches}; sglangPatchFlags = [ "-p2" ]; sglangSrc = {src}; }}; }}) '
             f'{{ }}).postInstall or ""')
-    done = subprocess.run([nix_or_skip(), "eval", "--impure", "--raw", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return eval_expr(nix_or_skip(), expr)
 
 
 def frontend_edit():
@@ -87,10 +87,7 @@ def flatten_tensor_state_dict(state):
 def transformers_post_install() -> str:
     expr = (f'((import {REPO}/overlays/fixups/transformers.nix {{ python = {{ sitePackages = "{SITE}"; '
             f'interpreter = "python3.12"; }}; }}) {{ }}).postInstall')
-    done = subprocess.run([nix_or_skip(), "eval", "--impure", "--raw", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return eval_expr(nix_or_skip(), expr)
 
 
 def shaped_transformers_site(tmp_path: Path) -> Path:
@@ -134,3 +131,34 @@ def parse(path: Path) -> ast.Module:
         warnings.simplefilter("ignore", SyntaxWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         return ast.parse(path.read_bytes(), str(path))
+
+
+def run_recording(code: str, pythonpath: list[Path], record: Path, variable: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`code` in a fresh interpreter with `pythonpath`, `variable` naming the file the stand-ins append
+    to when imported; the run and that file's lines."""
+    record.unlink(missing_ok=True)
+    env = {"PATH": "/usr/bin:/bin", variable: str(record), "PYTHONPATH": ":".join(map(str, pythonpath))}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    return done, record.read_text().splitlines() if record.exists() else []
+
+
+def before_and_after(script: str, out: Path, probe):
+    """probe() on the published shape, the fix-up's script run over `out` as the build runs it, then
+    probe() again."""
+    before = probe()
+    done = run_script(script, out)
+    assert done.returncode == 0, done.stderr
+    return before, probe()
+
+
+def check_import_moved(before_and_after_runs, said_after: list[str], byte_code: Path) -> None:
+    """What each import fix-up must show: before it, the module imported the library when it was
+    imported; after it, not, the caller said `said_after`, the library came once (with the call),
+    and the edited file's byte code was rebuilt."""
+    (before, imported_before), (after, imported) = before_and_after_runs
+    assert before.returncode == 0, before.stderr
+    assert before.stdout.splitlines()[0] == "at import: True" and imported_before == ["imported"]
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.splitlines() == ["at import: False", *said_after]
+    assert imported == ["imported"]  # by the call, once
+    assert list(byte_code.parent.glob(byte_code.name))

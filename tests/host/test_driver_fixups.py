@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from conftest import REPO, nix_or_skip, update_golden
 from fakehost import V580, fake_nvml
 from fixup_shell import locked_wheel, run_script, unpack
-from nixeval import nix_env
+from nixeval import eval_expr
 
 DATA = REPO / "tests/data/fixups"
 SITE = "lib/python3.12/site-packages"
@@ -32,10 +31,7 @@ PATCHED = {"nvidia-ml-py": "pynvml.py",
 def post_install(name: str, driver_link: str) -> str:
     expr = (f'((import {REPO}/overlays/fixups/{name}.nix {{ python.sitePackages = "{SITE}"; '
             f'driverLink = "{driver_link}"; }}) {{ }}).postInstall')
-    done = subprocess.run([nix_or_skip(), "eval", "--impure", "--raw", "--expr", expr], capture_output=True,
-                          text=True, env=nix_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return eval_expr(nix_or_skip(), expr)
 
 
 def run_fixup(name: str, out: Path, driver_link: str = "/run/opengl-driver") -> subprocess.CompletedProcess:

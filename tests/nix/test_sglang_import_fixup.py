@@ -10,13 +10,13 @@ what the published import block did."""
 
 import ast
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fixup_shell import locked_wheel, run_script, unpack
-from import_fixups import (SHAPED_UTILS, frontend_edit, imported_names, imports_at_module_level, parse,
+from import_fixups import (check_import_moved, SHAPED_UTILS, before_and_after, frontend_edit, imported_names, imports_at_module_level, parse,
+                           run_recording,
                            shaped_sglang_site as shaped_site, sglang_post_install as post_install)
 
 pytestmark = pytest.mark.nix
@@ -43,29 +43,15 @@ def stand_in_ipython(tmp_path: Path) -> Path:
 
 def import_then_call(site: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Import sglang.utils (the shaped one), note whether IPython came with it, then call the helper."""
-    record = tmp_path / "ipython-imported"
-    record.unlink(missing_ok=True)
     code = ("import sys, sglang.utils as u; print('at import:', 'IPython' in sys.modules); "
             "u.print_highlight('hello')")
-    env = {"PATH": "/usr/bin:/bin", "IPYTHON_IMPORTED": str(record),
-           "PYTHONPATH": f"{site}:{stand_in_ipython(tmp_path)}"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    return done, record.read_text().splitlines() if record.exists() else []
+    return run_recording(code, [site, stand_in_ipython(tmp_path)], tmp_path / "ipython-imported", "IPYTHON_IMPORTED")
 
 
 def test_the_helper_imports_ipython_when_called_not_the_module(tmp_path):
     site = shaped_site(tmp_path)
-    before, imported = import_then_call(site, tmp_path)
-    assert before.returncode == 0, before.stderr
-    assert before.stdout.splitlines()[0] == "at import: True" and imported == ["imported"]
-
-    done = run_script(post_install(), tmp_path / "out")
-    assert done.returncode == 0, done.stderr
-    after, imported = import_then_call(site, tmp_path)
-    assert after.returncode == 0, after.stderr
-    assert after.stdout.splitlines() == ["at import: False", "displayed HTML:<b>hello</b>"]
-    assert imported == ["imported"]  # by the call, once
-    assert list((site / "sglang/__pycache__").glob("utils.*.pyc"))  # byte code of the edited file
+    runs = before_and_after(post_install(), tmp_path / "out", lambda: import_then_call(site, tmp_path))
+    check_import_moved(runs, ["displayed HTML:<b>hello</b>"], site / "sglang/__pycache__/utils.*.pyc")
 
 
 def test_a_wheel_without_the_line_stops_the_build(tmp_path):
@@ -98,11 +84,7 @@ def test_another_sglang_is_left_as_it_is():
 # ---------------------------------------------------------------- lazyFrontend, offline
 
 def run_frontend_probe(site: Path, tmp_path: Path, code: str) -> tuple[subprocess.CompletedProcess, list[str]]:
-    record = tmp_path / "frontend-imported"
-    record.unlink(missing_ok=True)
-    env = {"PATH": "/usr/bin:/bin", "FRONTEND_IMPORTED": str(record), "PYTHONPATH": str(site)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    return done, record.read_text().splitlines() if record.exists() else []
+    return run_recording(code, [site], tmp_path / "frontend-imported", "FRONTEND_IMPORTED")
 
 
 def test_the_frontend_is_imported_at_first_use_not_with_the_package(tmp_path):

@@ -15,38 +15,28 @@ import pytest
 
 from conftest import REPO, nix_or_skip
 from fixup_shell import locked_wheel, run_script, unpack
-from import_fixups import (QUANTIZER, imports_at_module_level, parse, shaped_sglang_site,
+from import_fixups import (check_import_moved, QUANTIZER, before_and_after, imports_at_module_level, parse, run_recording, shaped_sglang_site,
                            shaped_transformers_site as shaped_site, transformers_post_install as post_install)
 from nixeval import nix_env
 
 pytestmark = pytest.mark.nix
 
+
 def import_then_call(site: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
-    record = tmp_path / "torchao-imported"
-    record.unlink(missing_ok=True)
+    """Import the (shaped) quantizer, note whether torchao came with it, then call its method."""
     code = ("import sys\n"
             "from transformers.quantizers.quantizer_torchao import TorchAoHfQuantizer\n"
             "print('at import:', 'torchao' in sys.modules)\n"
             "class Model:\n    def state_dict(self):\n        return {'b': 1, 'a': 2}\n"
             "print(TorchAoHfQuantizer().get_state_dict_and_metadata(Model()))")
-    env = {"PATH": "/usr/bin:/bin", "TORCHAO_IMPORTED": str(record), "PYTHONPATH": str(site)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    return done, record.read_text().splitlines() if record.exists() else []
+    return run_recording(code, [site], tmp_path / "torchao-imported", "TORCHAO_IMPORTED")
 
 
 def test_the_method_imports_torchao_when_called_not_the_module(tmp_path):
     site = shaped_site(tmp_path)
-    before, imported = import_then_call(site, tmp_path)
-    assert before.returncode == 0, before.stderr
-    assert before.stdout.splitlines()[0] == "at import: True" and imported == ["imported"]
-
-    done = run_script(post_install(), tmp_path / "out")
-    assert done.returncode == 0, done.stderr
-    after, imported = import_then_call(site, tmp_path)
-    assert after.returncode == 0, after.stderr
-    assert after.stdout.splitlines() == ["at import: False", "{'flattened': ['a', 'b']}"]
-    assert imported == ["imported"]  # by the call, once
-    assert list((site / "transformers/quantizers/__pycache__").glob("quantizer_torchao.*.pyc"))
+    runs = before_and_after(post_install(), tmp_path / "out", lambda: import_then_call(site, tmp_path))
+    check_import_moved(runs, ["{'flattened': ['a', 'b']}"],
+                       site / "transformers/quantizers/__pycache__/quantizer_torchao.*.pyc")
 
 
 def test_a_wheel_without_the_lines_stops_the_build(tmp_path):
