@@ -29,7 +29,7 @@ from dflashctl.host.gpu_watch import GpuFailure, GpuWatch
 from dflashctl.lock import locate
 from dflashctl.service import config, gpu_claim, model_check, sdnotify, sglang_args, unit_text
 from dflashctl.service.child_env import child_env as sglang_child_env
-from dflashctl.service.server import Server, _describe, _indent
+from dflashctl.service.server import KILL_WAIT_S, Server, _describe, _indent
 from dflashctl.service.stall import GpuMemory
 from dflashctl.service.validate import warnings_for
 
@@ -324,7 +324,13 @@ def _run(args) -> int:
         for s in old:
             signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the cleanup short
         rc = server.stop(STOP_GRACE_S)
-        say(f"SGLang stopped with status {_describe(rc) if rc is not None else 'not started'}")
+        if rc is not None:
+            say(f"SGLang stopped with status {_describe(rc)}")
+        elif server.proc is None:
+            say("SGLang was not started")
+        else:  # Server.stop's SIGKILL did not end it either
+            say(f"SGLang (pid {server.pid}) did not exit {STOP_GRACE_S:.0f} s after SIGTERM nor {KILL_WAIT_S:.0f} s "
+                "after SIGKILL: a process stuck in the driver; check `ps -o stat,wchan -p PID` and the GPU")
         return OK
     except DflashError as e:
         sdnotify.status(f"failed: {e.what}")
