@@ -654,12 +654,19 @@ def test_provide_on_off_and_an_instance_s_own_list():
     assert faststart.provide({faststart.ENV: "0"}, True) == {faststart.ENV: "0"}  # no hook for it
 
 
+def test_the_default_is_on_for_one_gpu_only():
+    """null (the default): measured on the H200 and an H100 at tp 1 only; an explicit value decides."""
+    assert faststart.wanted(None, 1) is True
+    assert faststart.wanted(None, 2) is False and faststart.wanted(None, 8) is False
+    assert faststart.wanted(False, 1) is False and faststart.wanted(True, 2) is True
+
+
 def test_doctor_tries_it_in_the_interpreter():
     """With the list an instance uses (here: what of it this venv has)."""
     r = probes.run_probe(sys.executable, "faststart", faststart.probe_arg(), timeout=120)
     check = faststart.check(r)
     assert check.status == "ok", (r, check)
-    assert check.summary.startswith("available, off by default (fastStart = true turns it on): a template imported ")
+    assert check.summary.startswith("available, on by default for instances of one GPU (tpSize 1; fastStart = false turns it off, true turns it on for tpSize > 1): a template imported ")
     assert r["facts"]["preloaded"] > 0 and r["facts"]["fork_probe"] == "no CUDA driver to try"
     broken = faststart.check({"ok": True, "facts": {"ok": False, "why": "prctl is not available (x)"}})
     assert broken.status == "warn" and "prctl is not available" in broken.summary
@@ -677,9 +684,9 @@ def test_doctor_names_why_the_template_is_refused(tmp_path, fake_libcuda):
     check = faststart.check(r)
     assert check.status == "warn", (r, check)
     assert check.summary.startswith("not usable here: the template is not usable: a child forked from the "
-                                    "template could not initialise CUDA (cuInit answered 3); with fastStart = "
-                                    "true SGLang spawns its children as before")
-    assert "leave fastStart off here" in check.fix
+                                    "template could not initialise CUDA (cuInit answered 3); where the fast "
+                                    "start is on, SGLang spawns its children as before")
+    assert "set fastStart = false here" in check.fix
 
 
 def test_the_template_dies_with_the_server_even_while_it_imports(tmp_path):

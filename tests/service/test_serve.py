@@ -173,7 +173,10 @@ def test_preflight_warns_of_a_missing_jit_toolchain_before_the_probes(serve, tmp
 
 
 def test_a_stalled_start_is_stopped_and_named(serve):
-    proc = serve("stall", ["--skip-preflight"], settings={"stallTimeoutSec": 1}, stall_after=0.5)
+    # fastStart off: the stand-in imports nothing, so the template's lines would land after its
+    # stalled step; in SGLang they come during its imports, before any step of the GPU's
+    proc = serve("stall", ["--skip-preflight"], settings={"stallTimeoutSec": 1, "fastStart": False},
+                 stall_after=0.5)
     _, err = proc.communicate(timeout=NEVER)  # startTimeoutSec is 600
     assert proc.returncode == errors.SERVER_STALLED, err
     assert errors.SERVER_STALLED not in errors.NO_RESTART

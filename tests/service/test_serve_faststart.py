@@ -1,8 +1,9 @@
 """The fast start through `dflashctl serve` and the stand-in SGLang, whose server process spawns a
 scheduler and a detokenizer as SGLang 0.5.11 does, each importing standin_heavy.py (which logs
-every import by pid): with `fastStart = true` the children are forked from the template and
-import nothing again; they stay the server's own children in serve's process group; a child's
-failure reaches serve as it does without; off (the default) is SGLang's spawn, untouched."""
+every import by pid): with the fast start on (`fastStart = true`, or the default at tpSize 1) the
+children are forked from the template and import nothing again; they stay the server's own children
+in serve's process group; a child's failure reaches serve as it does without; off (`false`, or the
+default at tpSize > 1) is SGLang's spawn, untouched."""
 
 import json
 import os
@@ -21,10 +22,10 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Li
 def started(serve, tmp_path):
     """serve on the stand-in, ready; (serve's process, the children's pids, the pids that imported
     standin_heavy). The instance names its own preload list, as the environment setting allows."""
-    def start(fast: bool | None, **standin):
+    def start(fast: bool | None, settings: dict | None = None, **standin):
         preload = tmp_path / "preload.json"
         preload.write_text(json.dumps({"preload": ["standin_heavy"]}))
-        settings = {} if fast is None else {"fastStart": fast}
+        settings = dict(settings or {}, **({} if fast is None else {"fastStart": fast}))
         proc = serve("healthy", ["--skip-preflight"], settings=settings, ready_after=0.2,
                      environment={"DFLASH_FASTSTART": str(preload)}, import_log=tmp_path / "imports",
                      child_pidfile=tmp_path / "pids.json", **standin)
@@ -75,8 +76,9 @@ def _stop(proc) -> str:
     return (proc.tmp / "sglang.log").read_text()
 
 
-def test_children_forked_from_the_template_import_nothing_again(started):
-    proc, pids, imports = started(True)
+@pytest.mark.parametrize("fast", [True, None])  # None: the default, on for an instance of one GPU
+def test_children_forked_from_the_template_import_nothing_again(started, fast):
+    proc, pids, imports = started(fast)
     server = _server_pid(proc)
     assert pids["scheduler"] not in imports and pids["detokenizer"] not in imports
     assert server in imports and len(imports) == 2  # the server itself, and the template once
@@ -91,9 +93,11 @@ def test_children_forked_from_the_template_import_nothing_again(started):
         assert _ended(pid), f"serve's stop left {pid} of the instance running"
 
 
-@pytest.mark.parametrize("fast", [None, False])  # None: the default, off until measured on a GPU host
-def test_off_spawns_as_sglang_does(started, fast):
-    proc, pids, imports = started(fast)
+# None with tpSize 2: the default, off where tensor parallelism was not measured with it
+@pytest.mark.parametrize("fast, settings", [(False, {}), (None, {"tpSize": 2, "gpus": [0, 1]})],
+                         ids=["false", "default-at-tp2"])
+def test_off_spawns_as_sglang_does(started, fast, settings):
+    proc, pids, imports = started(fast, settings)
     server = _server_pid(proc)
     assert sorted(imports) == sorted([server, pids["scheduler"], pids["detokenizer"]])  # each imports
     for pid in (pids["scheduler"], pids["detokenizer"]):

@@ -3,10 +3,12 @@
 The mechanism runs inside SGLang's processes (kernel_hook/dflash_faststart.py, standard library
 only; docs/INTERNALS.md, "The fast start"). Here: `provide(env, on)` gives the SGLang child's
 environment the start-up hook and $DFLASH_FASTSTART (the preload list shipped for SGLang 0.5.11,
-data/sglang-0.5.11-preload.json, or a list the instance's `environment` names) when the instance's
-`fastStart` is true, or takes it away when false (the default until a GPU host's measurement shows
-it helps: docs/benchmarks.md); `check` is doctor's `faststart` line from the stack's interpreter
-trying it once with that list (probe_child.probe_faststart).
+data/sglang-0.5.11-preload.json, or a list the instance's `environment` names) when the fast start
+is on for the instance, or takes it away when off; `wanted` is that decision: the instance's
+`fastStart`, or where it is null (the default), on for an instance of one GPU, where the H200 and an
+H100 measured it (docs/benchmarks.md), off for tensor parallelism, not yet measured (forked
+schedulers forming their NCCL group across GPUs); `check` is doctor's `faststart` line from the
+stack's interpreter trying it once with that list (probe_child.probe_faststart).
 """
 
 import json
@@ -18,6 +20,11 @@ from dflashctl.host.kernel_hook import dflash_faststart as hook
 ENV = hook.ENV
 PRELOAD = Path(__file__).resolve().parent / "data" / sglang_0_5_11.FASTSTART_PRELOAD
 SETTING = "fastStart"
+
+
+def wanted(setting: bool | None, tp_size: int) -> bool:
+    """Whether an instance starts with the fast start: its `fastStart`, else on at tpSize 1 only."""
+    return setting if setting is not None else tp_size == 1
 
 
 def provide(env: dict[str, str], on: bool) -> dict[str, str]:
@@ -46,15 +53,16 @@ def check(r: dict) -> probes.Check:
                 f"not in this stack{'; left out: ' + left_out if left_out else ''})")
     if not r.get("ok"):
         return probes.warn("faststart", f"could not try it: {probes.failure_text(r)}",
-                           f"check that the stack's interpreter runs; {SETTING} is off by default")
+                           f"check that the stack's interpreter runs; {SETTING} = false turns the fast start off")
     if not f.get("ok"):
         fix = ("run SGLang on Linux with CPython 3.10 to 3.13, where prctl(PR_SET_CHILD_SUBREAPER) is allowed"
                if "preloaded" not in f else
-               f"leave {SETTING} off here, or give the instance a preload list without the module named "
+               f"set {SETTING} = false here, or give the instance a preload list without the module named "
                f"(environment DFLASH_FASTSTART = a file like {PRELOAD.name})")
-        return probes.warn("faststart", f"not usable here: {f.get('why')}; with {SETTING} = true SGLang "
+        return probes.warn("faststart", f"not usable here: {f.get('why')}; where the fast start is on, SGLang "
                            "spawns its children as before (each imports torch, transformers and SGLang "
-                           "again, about 12 s per start on an H200)", f"nothing is needed for SGLang to work; {fix}")
-    return probes.ok("faststart", f"available, off by default ({SETTING} = true turns it on): {imported} and "
+                           "again: each start about 6 s slower on an H200)", f"nothing is needed for SGLang to work; {fix}")
+    return probes.ok("faststart", f"available, on by default for instances of one GPU (tpSize 1; {SETTING} = "
+                     f"false turns it off, true turns it on for tpSize > 1): {imported} and "
                      "a child forked from it came back as this process's own, in its process group (CUDA in "
                      f"a forked test child: {f.get('fork_probe')})")

@@ -35,6 +35,6 @@ def child_env(cfg: config.InstanceConfig, python: str, base_env: dict[str, str] 
     os.environ); raises DflashError where the prebuilt kernels or the driver do not fit."""
     env = cuda_home.provide(sglang_args.build_env(cfg, base_env, hf_token), python)
     env = kernels.provide(env)
-    env = faststart.provide(env, cfg.fast_start)
+    env = faststart.provide(env, faststart.wanted(cfg.fast_start, cfg.tp_size))
     env, found = driver.provide(env, cfg.driver_library_dir)
     return ChildEnv(env, found)

@@ -52,7 +52,7 @@ class SmokeOptions:
     no_cuda_graph: bool = False
     triton_cache: str | None = None
     jit_prewarm: bool = True
-    fast_start: bool = False
+    fast_start: bool | None = None  # None: the setting's default (on at tp 1)
     gpu: int | None = None
     tp_size: int = 1
     python: str = "python3"

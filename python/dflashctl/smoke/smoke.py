@@ -118,12 +118,12 @@ def register(subparsers) -> None:
                        help="let each server compile SGLang's JIT kernels one by one at first use, as "
                             "before (default: a helper compiles them in parallel while the servers import; "
                             "docs/smoke.md)")
-    start.add_argument("--fast-start", dest="fast_start", action="store_true",
+    start.add_argument("--fast-start", dest="fast_start", action="store_true", default=None,
                        help="fork SGLang's scheduler and detokenizer from a template that imported their "
                             "libraries beside the server (the instance setting fastStart = true; default: "
-                            "spawned as SGLang does, docs/smoke.md)")
+                            "as the setting's default, on at --tp-size 1 and off above; docs/smoke.md)")
     start.add_argument("--no-fast-start", dest="fast_start", action="store_false",
-                       help="spawn them as SGLang does (the default)")
+                       help="spawn them as SGLang does (fastStart = false)")
     start.add_argument("--gpu", type=int, help="GPU index for the servers (default: CUDA_VISIBLE_DEVICES as is)")
     start.add_argument("--tp-size", type=positive_int, default=1,
                        help="tensor parallelism: every server on this many GPUs (--gpu, default 0, and the next "

@@ -39,7 +39,7 @@ What stays as with spawn:
 Anything the template cannot do (it died, it is not ready when the server has waited as long as it
 has itself run, a check above failed) falls back to spawn, with the reason in the log. The template
 dies with the server (PR_SET_PDEATHSIG). Off: unset $DFLASH_FASTSTART (the instance setting
-`fastStart = false`, the default until measured on a GPU host).
+`fastStart = false`; by default it is on for an instance of one GPU, off for tensor parallelism).
 """
 
 import ctypes
