@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fast start on the H200 with Nix conditions (issue 44): is it safe, and does it save time?
-# fastStart is off by default until this shows both. Steps ($STEPS, default all, in this order):
+# fastStart became on by default for tpSize 1 once this showed both (call 10, the H200). Steps ($STEPS, default all, in this order):
 #   setup   byte code as a Nix build writes it (compileall, checked-hash) over the payload and the
 #           device's site-packages, then `prebuilt_kernels.sh build` (the flake's prebuilt kernels,
 #           /tmp/i21/prebuilt; kept while the machine stays warm)
@@ -20,6 +20,7 @@
 #           starting with "on" adds --fast-start): each server's ready time and start-up phases, the
 #           template's lines (forked / spawned and why / entries left out), start to table, outputs
 #           12/12 (lossless), the oracle speed-up; then a table with the medians with and without.
+#           A label starting with "default" passes neither flag (the setting's default: on at tp 1).
 #           A label starting with "own": the fast start with SGLang's own modules preloaded too
 #           ($OWN_ENTRIES after the shipped list; the template answers the compute capability from NVML);
 #           OWN=1 gives the nccl and death steps that list too
@@ -29,6 +30,7 @@
 #             STEPS=smokes RUNS="off2 on3 off3" bash benchmarks/gpu/faststart.sh   (what the first skipped)
 # Writes into $OUT (default ./faststart-out): summary.txt, <label>.json per smoke, doctor.json,
 # cudasites.txt and .json, nccl.txt, faststart-death.json and its serve log, logs.tar.gz (every server's log and smoke's output).
+# Six smokes make more than the 8 files a device call brings back: pack $OUT into one tar.gz there.
 set -uo pipefail
 OUT=${OUT:-$PWD/faststart-out}
 mkdir -p "$OUT" /tmp/i21 /tmp/i44
@@ -173,6 +175,7 @@ for label in $RUNS; do
   flag=(--no-fast-start); own=()
   [ "${label#on}" != "$label" ] && flag=(--fast-start)
   [ "${label#own}" != "$label" ] && flag=(--fast-start) && own=(DFLASH_FASTSTART="$OWN_LIST")
+  [ "${label#default}" != "$label" ] && flag=()
   fresh_smoke "$label" "${kernels[@]}" "${own[@]}" -- "${flag[@]}" "$@"
   cat "$RUNS_DIR/$label"/logs/*.log 2>/dev/null | grep -ho '\[dflash faststart\].*' | sed 's/(pid [0-9]*)//' \
     | sort | uniq -c | cut -c1-300 | sed 's/^/    /' >>"$summary"
@@ -183,7 +186,7 @@ done
 import json, os, statistics, sys
 out, labels = sys.argv[1], sys.argv[2:]
 print("== per run: start to table; per server: ready s (imports / scheduler start) and how its children started")
-ready = {"on": [], "off": [], "own": []}
+ready = {"on": [], "off": [], "own": [], "default": []}
 for label in labels:
     path = os.path.join(out, f"{label}.json")
     if not os.path.exists(path):
@@ -198,7 +201,7 @@ for label in labels:
         st = x.get("startup") or {}
         sec = st.get("seconds") or {}
         fs = st.get("faststart") or {}
-        ready[next(k for k in ("on", "own", "off") if label.startswith(k) or k == "off")].append(x.get("startup_s"))
+        ready[next(k for k in ("on", "own", "default", "off") if label.startswith(k) or k == "off")].append(x.get("startup_s"))
         print(f"    {x['name']:16} ready {x.get('startup_s')} s (imports {sec.get('imports')}, scheduler start "
               f"{sec.get('scheduler_start')}); template {fs.get('template_s')} s, forked {fs.get('forked')}, "
               f"spawned {fs.get('spawned')}, left out {fs.get('left_out')}, unusable {fs.get('unusable')}; "
