@@ -19,7 +19,8 @@
 # Writes into $OUT: rollout-h200.txt (tables), rollout-h200.json, metrics/ (the recordings),
 # rollout-h200-logs.txt. Knobs: ROLLOUT_MODE (both; rolling or all: one of the two upgrades only),
 # RECORD_METRICS (1; 0 skips the recordings), ROLLOUT_LIMIT (420 s for the benchmark), FAST_START (set:
-# both instances with `fastStart`, issue 44's rollout with each instance's time out of rotation).
+# both instances with `fastStart`, issue 44's rollout with each instance's time out of rotation;
+# `default`: neither names it, the setting's default; unset: both off).
 set -uo pipefail
 OUT=${OUT:-/tmp/rollout-out}; mkdir -p "$OUT/metrics"
 source "$(dirname "$0")/common.sh"
@@ -28,7 +29,8 @@ router_setup || exit 1
 export PYTHONPATH=$PWD/python:/tmp/router-site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 work=$(mktemp -d)
 PY=python3 compile_bytecode  # as a Nix build leaves it (once a machine)
-python3 benchmarks/gpu/two_instances.py "$work" ${FAST_START:+--fast-start} || exit 1
+case "${FAST_START:-}" in default) fast=(--default-fast-start) ;; "") fast=() ;; *) fast=(--fast-start) ;; esac
+python3 benchmarks/gpu/two_instances.py "$work" "${fast[@]}" || exit 1
 { nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
   python3 -c "import sglang_router, importlib.metadata as m; print('sglang', m.version('sglang'), '| sglang-router', sglang_router.__version__)"
 } >"$OUT/rollout-h200.txt" 2>&1
