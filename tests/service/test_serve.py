@@ -122,6 +122,21 @@ def test_dry_run_prints_the_command(tmp_path, capsys):
     assert out["env"]["CUDA_VISIBLE_DEVICES"] == "1"
 
 
+@pytest.mark.parametrize("extra, forks", [({}, True), ({"fastStart": False}, False),
+                                          ({"tpSize": 2, "gpus": [0, 1]}, False),
+                                          ({"tpSize": 2, "gpus": [0, 1], "fastStart": True}, True)])
+def test_dry_run_shows_the_fast_start(tmp_path, capsys, extra, forks):
+    """--dry-run's environment says whether SGLang's children would be forked (the default: on at tpSize 1)."""
+    from dflashctl import cli
+    from dflashctl.host import faststart, kernels
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"name": "a", "model": "m", "gpus": [0], **extra}))
+    assert cli.main(["serve", "--config", str(f), "--dry-run", "--python", "/py"]) == 0
+    env = json.loads(capsys.readouterr().out)["env"]
+    assert (faststart.ENV in env) is forks, env
+    assert (str(kernels.HOOK_DIR) in env.get("PYTHONPATH", "").split(os.pathsep)) is forks, env
+
+
 def test_sdnotify_abstract_socket():
     name = f"dflash-test-{os.getpid()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:

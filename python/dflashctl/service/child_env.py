@@ -38,3 +38,9 @@ def child_env(cfg: config.InstanceConfig, python: str, base_env: dict[str, str] 
     env = faststart.provide(env, faststart.wanted(cfg.fast_start, cfg.tp_size))
     env, found = driver.provide(env, cfg.driver_library_dir)
     return ChildEnv(env, found)
+
+
+def settings_env(cfg: config.InstanceConfig) -> dict[str, str]:
+    """What the settings alone add to SGLang's environment, fast start included: `serve --dry-run`
+    shows it without reading this host (no CUDA home, prebuilt kernels or driver discovery)."""
+    return faststart.provide(sglang_args.build_env(cfg, {}), faststart.wanted(cfg.fast_start, cfg.tp_size))

@@ -29,6 +29,7 @@ from dflashctl.host.gpu_watch import GpuFailure, GpuWatch
 from dflashctl.lock import locate
 from dflashctl.service import config, gpu_claim, model_check, sdnotify, sglang_args, unit_text
 from dflashctl.service.child_env import child_env as sglang_child_env
+from dflashctl.service.child_env import settings_env
 from dflashctl.service.server import KILL_WAIT_S, Server, _describe, _indent
 from dflashctl.service.stall import GpuMemory
 from dflashctl.service.validate import warnings_for
@@ -263,7 +264,9 @@ def register(subparsers) -> None:
                    help=f"for tests: run CMD instead of `python -m sglang.launch_server`, with the "
                         f"same flags (env {LAUNCHER_ENV})")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the SGLang command and environment as JSON, start nothing")
+                   help="print the SGLang command and the environment the settings give it (the fast start's "
+                        "included; not what this host adds: driver, CUDA home, prebuilt kernels) as JSON, "
+                        "start nothing")
     p.set_defaults(func=run)
 
 
@@ -300,8 +303,7 @@ def _run(args) -> int:
         launcher_words(args.launcher)  # before anything starts: a quoting mistake is a usage error
     if args.dry_run:
         argv = launch_argv(cfg, args.python, None, args.launcher)
-        child_env = sglang_args.build_env(cfg, {})
-        print(json.dumps({"argv": argv, "env": child_env}, indent=2))
+        print(json.dumps({"argv": argv, "env": settings_env(cfg)}, indent=2))
         return OK
     api_key = read_api_key(cfg, env)
     check_python(args.python)
