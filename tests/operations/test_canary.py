@@ -338,3 +338,18 @@ def test_an_acceptance_drop_is_not_read_again(monkeypatch):
     target = SimpleNamespace(name="gpu0", cfg=SimpleNamespace(base_url="http://127.0.0.1:1"))
     verdict, n = rollout_machine.Rollout.judge_after(_Host(), target, None, reading())
     assert not verdict.ok and n == 0 and len(calls) == 1
+
+
+def test_a_restarted_instance_is_ready_for_its_canary_without_health_generates_second(tmp_path):
+    """decodes_now: one token of ours through /generate answers once decoded; /health_generate (here
+    sleeping far longer, as SGLang 0.5.11's sleeps its second) would hold the rollout up."""
+    from router_harness import Standin, free_port
+    ok = tmp_path / "ok"
+    worker = Standin(free_port(), tmp_path, STANDIN_HEALTH_SECONDS="600", STANDIN_OK_FILE=str(ok)).start()
+    try:
+        assert canary.decodes_now(worker.url, None, timeout=30)
+        assert ok.read_text().splitlines() == ["200 /generate auth=None"]
+        assert not canary.decodes(worker.url, None, timeout=1)  # still in its sleep
+    finally:
+        worker.stop()
+    assert not canary.decodes_now(worker.url, None, timeout=2)  # nothing listens

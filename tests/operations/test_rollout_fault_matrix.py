@@ -113,6 +113,7 @@ def rolled(tmp_path, monkeypatch):
     def run(step: str, fault: str):
         h = Host(step, fault)
         monkeypatch.setattr(canary, "decodes", h.decodes)
+        monkeypatch.setattr(canary, "decodes_now", h.decodes)
         monkeypatch.setattr(canary, "requests_in_flight", h.in_flight)
         monkeypatch.setattr(canary, "measure", h.measure)
         monkeypatch.setattr(rollout_machine.time, "sleep", lambda s: None)

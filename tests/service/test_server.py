@@ -9,7 +9,8 @@ import pytest
 
 from dflashctl import errors
 from dflashctl.errors import DflashError
-from dflashctl.service.server import Server
+from dflashctl.service.server import Server, _LogWatch
+from dflashctl.service.sglang_0_5_11 import WARMED_UP_LINE
 from dflashctl.smoke import ports
 
 STANDIN = Path(__file__).parent.parent / "data" / "service" / "standin_server.py"
@@ -19,11 +20,12 @@ def free_port() -> int:
     return ports.free_port()
 
 
-def make(tmp_path, mode, **env):
+def make(tmp_path, mode, *flags, api_key=None, **env):
     port = free_port()
     child_env = dict(os.environ, STANDIN_MODE=mode, **env)
-    srv = Server([sys.executable, str(STANDIN), "--model-path", "m", "--port", str(port)], child_env,
-                 tmp_path / "sglang.log", f"http://127.0.0.1:{port}")
+    key = ["--api-key", api_key] if api_key else []
+    srv = Server([sys.executable, str(STANDIN), "--model-path", "m", "--port", str(port), *key, *flags], child_env,
+                 tmp_path / "sglang.log", f"http://127.0.0.1:{port}", api_key=api_key)
     srv.start()
     return srv
 
@@ -39,6 +41,54 @@ def test_ready_only_after_health_answers_200(tmp_path):
     finally:
         assert srv.stop(grace=5) == 0  # SIGTERM reached the child, which exits 0 on it
     assert progress and progress[0][1].startswith("standin:")
+
+
+def test_ready_by_one_token_of_ours_once_sglang_logged_its_warm_up(tmp_path):
+    """SGLang 0.5.11's /health_generate sleeps before its 200 (here far longer than the start): serve is
+    ready by its own one-token /generate, with the key, once the warm-up line is in this start's log."""
+    ok = tmp_path / "ok"
+    srv = make(tmp_path, "healthy", "--enable-metrics", api_key="k3y", STANDIN_READY_AFTER="0.5",
+               STANDIN_HEALTH_SECONDS="600", STANDIN_OK_FILE=str(ok))
+    try:
+        srv.wait_ready(60)
+        assert srv.ready_by == f"SGLang logged its warm-up done and {srv.base_url}/generate decoded a token"
+        assert ok.read_text().splitlines() == ["200 /generate auth=Bearer k3y"]
+        import urllib.request
+        with urllib.request.urlopen(srv.base_url + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert "sglang:num_requests_total" in metrics
+        assert any(line.startswith("sglang:num_requests_total") and line.rstrip().endswith(" 0.0")
+                   for line in metrics.splitlines()), metrics  # log_metrics false: not one of its requests
+    finally:
+        srv.stop(grace=5)
+
+
+def test_without_the_warm_up_line_health_generate_decides(tmp_path):
+    """--log-level warning: SGLang logs no INFO line, so only /health_generate's 200 makes it ready."""
+    ok = tmp_path / "ok"
+    srv = make(tmp_path, "healthy", "--log-level", "warning", STANDIN_READY_AFTER="0.3",
+               STANDIN_HEALTH_SECONDS="1", STANDIN_OK_FILE=str(ok))
+    try:
+        srv.wait_ready(60)
+        assert srv.ready_by == f"{srv.base_url}/health_generate decoded a token"
+        assert ok.read_text().splitlines() == ["200 /health_generate auth=None"]
+        assert WARMED_UP_LINE not in srv.log_since_start()
+    finally:
+        srv.stop(grace=5)
+
+
+def test_the_warm_up_line_counts_from_this_start_and_across_split_writes(tmp_path):
+    log = tmp_path / "sglang.log"
+    log.write_text(f"[2026-12-01 10:00:00] {WARMED_UP_LINE}\n")  # an earlier start appended to the same log
+    watch = _LogWatch(log, log.stat().st_size, WARMED_UP_LINE)
+    assert not watch.seen()
+    head, tail = WARMED_UP_LINE[:17], WARMED_UP_LINE[17:]
+    with open(log, "a") as f:
+        f.write(f"[2026-12-01 10:05:00] {head}")
+    assert not watch.seen()
+    with open(log, "a") as f:
+        f.write(f"{tail}\n")
+    assert watch.seen() and watch.seen()
 
 
 def test_crash_before_ready_raises_with_log_tail(tmp_path):

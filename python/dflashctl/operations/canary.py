@@ -30,7 +30,8 @@ taken before a restart in the rollout's state for `--resume`, `Reading.from_json
 (ValueError for what is not one). `extra_identity` adds what the caller knows of the definition
 (e.g. the stack's store path) to the identity's "stack" part.
 
-`request`, `decodes` and `requests_in_flight` are the rollout's other questions to an instance.
+`request`, `decodes`, `decodes_now` and `requests_in_flight` are the rollout's other questions to an
+instance.
 """
 
 import http.client
@@ -44,6 +45,7 @@ from urllib.parse import urlsplit
 from dflashctl.errors import CONFIG, DflashError
 from dflashctl.operations.canary_verdict import (DATA, DEFAULTS, EXPECT, PARTS, CanarySettings, Divergence,
                                                  Reading, Verdict, finite, judge)
+from dflashctl.service.sglang_0_5_11 import READY_DECODE
 
 __all__ = ["CanarySettings", "Divergence", "Reading", "Verdict", "add_arguments", "judge", "measure", "settings_of"]
 
@@ -77,6 +79,14 @@ def request(base_url: str, path: str, api_key: str | None, body: dict | None = N
 def decodes(base_url: str, api_key: str | None, timeout: float = 60.0) -> bool:
     """SGLang's own readiness: /health_generate decodes one token (the router's /health is the same)."""
     return request(base_url, "/health_generate", api_key, timeout=timeout)[0] == 200
+
+
+def decodes_now(base_url: str, api_key: str | None, timeout: float = 60.0) -> bool:
+    """One greedy token of ours through /generate, answered as soon as it is decoded: a restarted
+    instance is ready for its canary. /health_generate would add its fixed second
+    (service/sglang_0_5_11.py) and wait for SGLang's own warm-up request; the router's health check
+    still waits for both before the instance gets any traffic."""
+    return request(base_url, "/generate", api_key, READY_DECODE, timeout=timeout)[0] == 200
 
 
 def requests_in_flight(base_url: str, api_key: str | None) -> int | None:

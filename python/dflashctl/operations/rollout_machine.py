@@ -2,7 +2,7 @@
 
 A batch goes through STEPS together: take out (the router stops routing to it, checked), drain
 (its requests in flight finish, at most drainSec), measure before (the canary alone on it),
-restart, ready (READY=1 under systemd, else its own /health_generate), measure after and judge
+restart, ready (READY=1 under systemd, else one token of ours from its /generate), measure after and judge
 (canary_verdict: a slower build, a drafter that accepts less, changed outputs or failed requests
 fail the step here, before it is put back), put back (the router routes to it again), hold (it
 stays in rotation `--healthy-for` seconds). `each` is the one place where whatever a step raises
@@ -413,7 +413,7 @@ class Rollout:
                                  "--resume`. It stays out of the router; systemd "
                                  + ("does not restart it (a failure that repeats)" if s.active == "failed"
                                     else "keeps restarting it with backoff"))
-        elif canary.decodes(t.cfg.base_url, api_key, timeout=10):
+        elif canary.decodes_now(t.cfg.base_url, api_key, timeout=10):
             return True
         if elapsed >= limit:
             how = (" (its port refuses connections: is the process running?)"

@@ -377,7 +377,7 @@ def _serve(cfg: config.InstanceConfig, server: Server, python: str, watch: GpuWa
         if gpu is not None:
             gpu.stop()
     sdnotify.notify("READY=1")
-    say(f"ready after {took:.1f} s: {cfg.base_url}/health_generate decoded a token")
+    say(f"ready after {took:.1f} s: {server.ready_by}")
     while True:
         rc = server.wait(0.2)
         failure = watch.failure or (watch.wait_failure(DEATH_CAUSE_WAIT_S) if rc is not None else None)

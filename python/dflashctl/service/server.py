@@ -1,10 +1,13 @@
 """The SGLang child process: start it in its own process group, know at once when it dies.
 
-Readiness is a real decode (`/health_generate` answers 200), never an open port. The child is
-watched while the health request is in flight, so a crash is reported within a fraction of a
-second instead of after a timeout. Shared by `dflashctl serve` and `dflashctl smoke`.
+Readiness is a real decode, never an open port: `/health_generate` answers 200, or, sooner, SGLang
+logged that its own warm-up is done and one token of ours came back from `/generate`
+(service/sglang_0_5_11.py says why the first costs a second more). The child is watched while a
+request is in flight, so a crash is reported within a fraction of a second instead of after a
+timeout. Shared by `dflashctl serve` and `dflashctl smoke`.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +21,7 @@ from typing import TextIO
 
 from dflashctl import stop_signals
 from dflashctl.errors import SERVER_DIED_BEFORE_READY, SERVER_STALLED, SERVER_START_TIMEOUT, DflashError
+from dflashctl.service.sglang_0_5_11 import READY_DECODE, WARMED_UP_LINE
 from dflashctl.service.stall import GpuMemory, StallWatch
 
 POLL_S = 0.1  # how often the child is checked while waiting
@@ -34,6 +38,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self._echo_thread: threading.Thread | None = None
         self._log_offset = 0
+        self.ready_by = ""  # what proved readiness, for the log
 
     # --- process ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -93,7 +98,8 @@ class Server:
                    health_path: str = "/health_generate", stall_timeout: float = 0,
                    gpu: GpuMemory | None = None,
                    abort: Callable[[], DflashError | None] | None = None) -> float:
-        """Block until `health_path` answers 200; returns the seconds it took.
+        """Block until `health_path` answers 200, or SGLang logged its warm-up done and a one-token
+        /generate answered 200 (whichever comes first; `ready_by` says which); returns the seconds it took.
 
         Raises SERVER_DIED_BEFORE_READY as soon as the child exits (checked every POLL_S, also while
         a health request hangs), SERVER_STALLED after `stall_timeout` seconds (0: never) without
@@ -102,9 +108,9 @@ class Server:
         """
         start = time.monotonic()
         watch = StallWatch(stall_timeout, self.log_path, self._log_offset, gpu)
-        url = self.base_url + health_path
-        attempt: dict = {}  # the health request in flight: {"thread", "ok"}
-        next_attempt = start
+        health = _Attempts(lambda result, limit: self._probe(self.base_url + health_path, result, limit))
+        decode = _Attempts(lambda result, limit: self._decode(result, limit))
+        warmed_up = _LogWatch(self.log_path, self._log_offset, WARMED_UP_LINE)
         last_progress = start
         while True:
             now = time.monotonic()
@@ -118,18 +124,13 @@ class Server:
             stop = abort() if abort is not None else None
             if stop is not None:
                 raise stop
-            if attempt and not attempt["thread"].is_alive():
-                if attempt["ok"]:
-                    return now - start
-                attempt = {}
-                next_attempt = now + HEALTH_INTERVAL_S
-            if not attempt and now >= next_attempt:
-                attempt = {"ok": False}
-                attempt["thread"] = threading.Thread(
-                    target=self._probe, args=(url, attempt, max(1.0, min(HEALTH_REQUEST_TIMEOUT_S,
-                                                                      start + timeout - now))),
-                    daemon=True)
-                attempt["thread"].start()
+            limit = max(1.0, min(HEALTH_REQUEST_TIMEOUT_S, start + timeout - now))
+            if health.answered(now, limit):
+                self.ready_by = f"{self.base_url}{health_path} decoded a token"
+                return now - start
+            if warmed_up.seen() and decode.answered(now, limit):
+                self.ready_by = f"SGLang logged its warm-up done and {self.base_url}/generate decoded a token"
+                return now - start
             if watch.stalled():
                 raise DflashError(f"SGLang made no start-up progress for {stall_timeout:.0f} s "
                                   f"({watch.watching()}), {now - start:.0f} s after start; stopping it",
@@ -149,10 +150,22 @@ class Server:
                 on_progress(now - start, self.last_log_line())
             time.sleep(POLL_S)
 
+    def _decode(self, result: dict, timeout: float) -> None:
+        """One greedy token through /generate (READY_DECODE): ok on 200."""
+        req = urllib.request.Request(self.base_url + "/generate", data=json.dumps(READY_DECODE).encode(),
+                                     headers={"Content-Type": "application/json"})
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        self._answer(req, result, timeout)
+
     def _probe(self, url: str, result: dict, timeout: float) -> None:
         req = urllib.request.Request(url)
         if self.api_key:
             req.add_header("Authorization", f"Bearer {self.api_key}")
+        self._answer(req, result, timeout)
+
+    @staticmethod
+    def _answer(req: urllib.request.Request, result: dict, timeout: float) -> None:
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 result["ok"] = resp.status == 200
@@ -202,6 +215,49 @@ class Server:
                     return
                 else:
                     time.sleep(0.2)
+
+
+class _Attempts:
+    """One readiness request at a time, in a thread (the caller keeps watching the child), the next
+    HEALTH_INTERVAL_S after one that failed."""
+
+    def __init__(self, send: Callable[[dict, float], None]):
+        self.send, self.attempt, self.next_at = send, {}, 0.0
+
+    def answered(self, now: float, limit: float) -> bool:
+        if self.attempt and not self.attempt["thread"].is_alive():
+            if self.attempt["ok"]:
+                return True
+            self.attempt, self.next_at = {}, now + HEALTH_INTERVAL_S
+        if not self.attempt and now >= self.next_at:
+            self.attempt = {"ok": False}
+            self.attempt["thread"] = threading.Thread(target=self.send, args=(self.attempt, limit), daemon=True)
+            self.attempt["thread"].start()
+        return False
+
+
+class _LogWatch:
+    """Whether the log, from `offset` on, holds `text` (read as it grows; a line split between two
+    reads is still found)."""
+
+    def __init__(self, path: Path, offset: int, text: str):
+        self.path, self.offset, self.text = path, offset, text.encode()
+        self.found, self._tail = False, b""
+
+    def seen(self) -> bool:
+        if self.found:
+            return True
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return False
+        self.offset += len(chunk)
+        window = self._tail + chunk
+        self.found = self.text in window
+        self._tail = window[-len(self.text):]
+        return self.found
 
 
 def _describe(rc: int) -> str:

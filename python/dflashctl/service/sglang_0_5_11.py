@@ -52,3 +52,15 @@ def pool_mib(free_mib: int, total_mib: int, fraction: float) -> int:
     H200 a second instance with the first one's memFractionStatic on the same GPU got less than
     nothing and stopped so; 0.2 then 0.5 both ran)."""
     return int(free_mib - (1 - fraction) * total_mib)
+
+
+# Readiness (service/server.py). /health_generate (and /health, the same handler, which the router
+# polls) answers 503 at once while the server starts; once it is up it sends itself a one-token
+# request and sleeps a whole second before looking for the answer (srt/entrypoints/http_server.py),
+# so every 200 costs at least 1 s. The same two facts sooner: the line below, logged at INFO once
+# SGLang's own warm-up request returned and its status became Up (_wait_and_warmup), then one greedy
+# token of ours through /generate, which answers as soon as it is decoded. `log_metrics` false
+# (GenerateReqInput) keeps that request out of SGLang's metrics, as its own health request is.
+WARMED_UP_LINE = "The server is fired up and ready to roll!"
+READY_DECODE = {"input_ids": list(range(100, 116)),  # ids below 1000: in every vocabulary
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}, "log_metrics": False}

@@ -10,6 +10,8 @@ the drafter's fixed RoPE theta (oracle.py).
 
 import re
 
+from dflashctl.service.sglang_0_5_11 import WARMED_UP_LINE
+
 # Start-up log lines: `[YYYY-mm-dd HH:MM:SS(.mmm)( TP0…)] message`, milliseconds with LOG_MS_ENV=1.
 LOG_MS_ENV = "SGLANG_LOG_MS"
 LOG_STAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)(?: [^\]]*)?\] (.*)$")
@@ -26,7 +28,7 @@ START_UP_MARKERS = (
     ("capture_end", "Capture draft cuda graph end."),
     ("capture_begin", "Capture piecewise CUDA graph begin."),
     ("capture_end", "Capture piecewise CUDA graph end."),
-    ("fired_up", "The server is fired up and ready to roll!"),
+    ("fired_up", WARMED_UP_LINE),
 )
 
 # A server whose port was taken: SGLang's HTTP server is uvicorn, which logs asyncio's "[Errno 98]

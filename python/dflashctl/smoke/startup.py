@@ -43,7 +43,7 @@ PHASES = (
     ("memory_pool", "KV cache and attention back-end, between load and capture"),
     ("cuda_graph_capture", "CUDA-graph capture, JIT compiling at first kernel use included"),
     ("server_warmup", "HTTP server and SGLang's warm-up request"),
-    ("first_healthy_decode", "until /health_generate first decoded a token (smoke's clock)"),
+    ("first_healthy_decode", "until the first real decode (service/server.py's readiness; smoke's clock)"),
 )
 
 
@@ -80,7 +80,7 @@ NEXT_PHASE = {"args": "scheduler_start", "dist_begin": "model_init", "load_begin
 
 def phases(log_text: str, launched: dt.datetime, ready_s: float | None = None) -> dict:
     """Seconds per phase of one server, from its SGLang log; the phases split launch (`launched`,
-    local time as SGLang stamps) .. ready (`ready_s`, when /health_generate first decoded), so
+    local time as SGLang stamps) .. ready (`ready_s`, its first real decode), so
     they add up to `ready_s`. A phase whose lines are missing is None; `missing_lines` names them."""
     evs = events(log_text, launched)
     seconds: dict = {key: None for key, _ in PHASES}

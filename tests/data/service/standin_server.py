@@ -8,14 +8,18 @@ it says on its first line that it checks no flags. It uses --port, --host, --mod
   healthy          /health_generate answers 503 for STANDIN_READY_AFTER seconds, then 200
   crash            logs a few lines, then exits 3 after STANDIN_READY_AFTER seconds (never ready)
   hang             listens, but /health_generate never answers 200
-  die-after-ready  like healthy, then exits 4 STANDIN_DIE_AFTER seconds after the first 200
+  die-after-ready  like healthy, then exits 4 STANDIN_DIE_AFTER seconds after the first 200 (of
+                   /health_generate or a plain /generate)
   silent           never listens at all
   stall            listens (503 to every health poll, logged as SGLang's access log would), logs a
                    loading line every STANDIN_PROGRESS_EVERY seconds for STANDIN_STALL_AFTER seconds,
                    then "Capturing CUDA graphs", then nothing more
 STANDIN_LISTEN_AFTER seconds pass before it listens at all (SGLang's imports and model load).
-It writes its argv as JSON to STANDIN_ARGV_FILE, appends a line to STANDIN_OK_FILE before each 200,
-and exits 0 on SIGTERM. /server_info's `version` is STANDIN_VERSION (default 0.5.11: a build's
+Once ready it logs SGLang's "The server is fired up and ready to roll!" line (healthy and
+die-after-ready modes; an INFO line, so not with --log-level warning or above); /health_generate then answers 200 after STANDIN_HEALTH_SECONDS (default 0;
+SGLang 0.5.11's handler sleeps 1 s first). It writes its argv as JSON to STANDIN_ARGV_FILE, appends
+a line to STANDIN_OK_FILE before each 200 of /health_generate or of a plain (not streamed) /generate,
+and exits 0 on SIGTERM. A /generate with "log_metrics": false stays out of /metrics, as in SGLang. /server_info's `version` is STANDIN_VERSION (default 0.5.11: a build's
 stand-in sets its own). For the systemd tier (tests/service/test_systemd.py), also:
   STANDIN_CHILDREN=N  start N helper processes in its process group that ignore SIGTERM (SGLang's
                       scheduler and detokenizer stay in the group; a stuck one must still go)
@@ -105,6 +109,7 @@ port = int(args[args.index("--port") + 1]) if "--port" in args else 30000
 host = args[args.index("--host") + 1] if "--host" in args else "127.0.0.1"
 started = time.monotonic()
 served_ok = threading.Event()
+health_seconds = float(os.environ.get("STANDIN_HEALTH_SECONDS", "0"))
 
 JIT_CACHES = ("TVM_FFI_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "CUTE_DSL_CACHE_DIR", "TRITON_CACHE_DIR",
               "CUDA_CACHE_PATH", "TORCHINDUCTOR_CACHE_DIR")  # what dflashctl names (host/jit_caches.py)
@@ -348,7 +353,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         global in_flight
         with in_flight_lock:
             in_flight += 1
-        if metrics is not None:
+        counted = metrics is not None and body.get("log_metrics") is not False  # GenerateReqInput's
+        if counted:
             metrics.started(n_in)
         t0 = time.monotonic()
         try:
@@ -356,7 +362,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         finally:
             with in_flight_lock:
                 in_flight -= 1
-            if metrics is not None:
+            if counted:
                 metrics.finished(n_in, max(n_out, 0), time.monotonic() - t0, bool(body.get("stream")))
 
     def answer(self, path: str, body: dict, rid: str, n_in: int, n_out: int) -> None:
@@ -372,6 +378,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.stream_steps(d, rid, n_in, t0)
                 return
             time.sleep(step_delay * len(d["commits"]) + token_delay * n_out)
+            self.note_ok()  # serve's readiness decode is one of these
             self.send_json(200, self.generated(d, len(d["ids"]), rid, n_in, t0, True))
             return
         ids = output_ids(body.get("input_ids") or body.get("text") or [], n_out)
@@ -456,16 +463,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.path != "/health_generate" and self.ready() and self.worker_get():
             return
         if self.path == "/health_generate" and ready and mode in ("healthy", "die-after-ready"):
-            if os.environ.get("STANDIN_OK_FILE"):  # written before the 200 leaves: tests order on it
-                with open(os.environ["STANDIN_OK_FILE"], "a") as f:
-                    f.write(f"200 auth={self.headers.get('Authorization')}\n")
+            time.sleep(health_seconds)  # SGLang's handler sleeps before it looks for its token
+            self.note_ok()
             self.send_response(200)
             self.end_headers()
             self.wfile.write(b"")
-            served_ok.set()
         else:
             self.send_response(503)
             self.end_headers()
+
+    def note_ok(self) -> None:
+        """A 200 that proves decoding is about to leave (/health_generate, a plain /generate)."""
+        if os.environ.get("STANDIN_OK_FILE"):  # written before the 200 leaves: tests order on it
+            with open(os.environ["STANDIN_OK_FILE"], "a") as f:
+                f.write(f"200 {self.path} auth={self.headers.get('Authorization')}\n")
+        served_ok.set()
 
     def log_message(self, fmt, *a):
         print("standin: " + fmt % a, flush=True)
@@ -673,7 +685,16 @@ def run_server() -> None:
         while True:
             time.sleep(3600)
     time.sleep(float(os.environ.get("STANDIN_LISTEN_AFTER", "0")))  # SGLang listens only after its imports
+    quiet = "--log-level" in args and args[args.index("--log-level") + 1] in ("warning", "error", "critical")
+    if mode in ("healthy", "die-after-ready") and not quiet:  # an INFO line
+        threading.Thread(target=announce_warm_up, daemon=True).start()
     http.server.ThreadingHTTPServer((host, port), Handler).serve_forever()
+
+
+def announce_warm_up() -> None:
+    """SGLang's INFO line once its own warm-up request returned (its status Up), in its log format."""
+    time.sleep(max(0.0, started + ready_after - time.monotonic()))
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] The server is fired up and ready to roll!", flush=True)
 
 
 if IS_SERVER:

@@ -239,9 +239,10 @@ def run(prompt_ids: list[int], prompt_key, s: model.Sampling, n: int = 0) -> mod
                          accept_all=bool(fault_for(prompt_key, "accept-all")))
     except ValueError as e:
         raise Refused(400, str(e)) from None
-    with count_lock:
-        served["tokens"] += len(d.ids)
-        served["verify"] += d.verify_ct
+    if d.verify_ct:  # SGLang counts verify steps only: a prefill-only request (one token) adds nothing
+        with count_lock:
+            served["tokens"] += len(d.ids)
+            served["verify"] += d.verify_ct
     return d
 
 
