@@ -128,7 +128,7 @@ pkgs.testers.runNixOSTest {
 
     start_all()
 
-    # Type=notify: active only once the stand-in answered /health_generate
+    # Type=notify: active only once serve saw the stand-in decode a token
     good.wait_for_unit(unit)
     good.succeed("curl -sf http://127.0.0.1:31000/health_generate")
     assert prop(good, "StatusText").startswith("ready"), prop(good, "StatusText")
