@@ -333,7 +333,7 @@ class Rollout:
                 return
             except ValueError as e:
                 say(f"{t.name}: {e}; measuring again")
-        if not canary.decodes(t.cfg.base_url, api_key, timeout=30):
+        if not canary.decodes_now(t.cfg.base_url, api_key, timeout=30):  # out of rotation: no second to spare
             say(f"{t.name}: it does not decode before its restart: nothing to compare the canary with")
             return
         step.before = canary.measure(t.cfg.base_url, api_key, self.opts.canary,
