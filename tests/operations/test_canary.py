@@ -353,3 +353,17 @@ def test_a_restarted_instance_is_ready_for_its_canary_without_health_generates_s
     finally:
         worker.stop()
     assert not canary.decodes_now(worker.url, None, timeout=2)  # nothing listens
+
+
+def test_an_instance_that_refuses_the_readiness_token_is_asked_health_generate(tmp_path):
+    """A build whose context is shorter than our token's prompt answers 400: readiness falls back to
+    /health_generate, so the rollout reaches the canary, which names the refusal, instead of waiting
+    for the ready timeout."""
+    from router_harness import Standin, free_port
+    ok = tmp_path / "ok"
+    worker = Standin(free_port(), tmp_path, STANDIN_CONTEXT="8", STANDIN_OK_FILE=str(ok)).start()
+    try:
+        assert canary.decodes_now(worker.url, None, timeout=30)
+        assert ok.read_text().splitlines() == ["200 /health_generate auth=None"]
+    finally:
+        worker.stop()

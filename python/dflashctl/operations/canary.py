@@ -85,8 +85,13 @@ def decodes_now(base_url: str, api_key: str | None, timeout: float = 60.0) -> bo
     """One greedy token of ours through /generate, answered as soon as it is decoded: a restarted
     instance is ready for its canary. /health_generate would add its fixed second
     (service/sglang_0_5_11.py) and wait for SGLang's own warm-up request; the router's health check
-    still waits for both before the instance gets any traffic."""
-    return request(base_url, "/generate", api_key, READY_DECODE, timeout=timeout)[0] == 200
+    still waits for both before the instance gets any traffic. An instance that answers but refuses
+    that request (a 4xx: a context shorter than its prompt, a model that does not generate, a wrong
+    key) is asked /health_generate instead: ready, it goes on to its canary, which names the refusal."""
+    status = request(base_url, "/generate", api_key, READY_DECODE, timeout=timeout)[0]
+    if status in (0, 503):  # nothing listens yet, or it is not serving
+        return False
+    return status == 200 or decodes(base_url, api_key, timeout)
 
 
 def requests_in_flight(base_url: str, api_key: str | None) -> int | None:
