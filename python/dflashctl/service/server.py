@@ -108,8 +108,8 @@ class Server:
         """
         start = time.monotonic()
         watch = StallWatch(stall_timeout, self.log_path, self._log_offset, gpu)
-        health = _Attempts(lambda result, limit: self._probe(self.base_url + health_path, result, limit))
-        decode = _Attempts(lambda result, limit: self._decode(result, limit))
+        health = _Attempts(lambda result, limit: self._request(health_path, result, limit))
+        decode = _Attempts(lambda result, limit: self._request("/generate", result, limit, READY_DECODE))
         warmed_up = _LogWatch(self.log_path, self._log_offset, WARMED_UP_LINE)
         last_progress = start
         while True:
@@ -150,16 +150,12 @@ class Server:
                 on_progress(now - start, self.last_log_line())
             time.sleep(POLL_S)
 
-    def _decode(self, result: dict, timeout: float) -> None:
-        """One greedy token through /generate (READY_DECODE): ok on 200."""
-        req = urllib.request.Request(self.base_url + "/generate", data=json.dumps(READY_DECODE).encode(),
-                                     headers={"Content-Type": "application/json"})
-        if self.api_key:
-            req.add_header("Authorization", f"Bearer {self.api_key}")
-        self._answer(req, result, timeout)
-
-    def _probe(self, url: str, result: dict, timeout: float) -> None:
-        req = urllib.request.Request(url)
+    def _request(self, path: str, result: dict, timeout: float, body: dict | None = None) -> None:
+        """GET `path`, or POST `body` as JSON to it; result["ok"] on a 200."""
+        req = urllib.request.Request(self.base_url + path)
+        if body is not None:
+            req.data = json.dumps(body).encode()
+            req.add_header("Content-Type", "application/json")
         if self.api_key:
             req.add_header("Authorization", f"Bearer {self.api_key}")
         self._answer(req, result, timeout)

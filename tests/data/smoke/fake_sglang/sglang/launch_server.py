@@ -42,6 +42,8 @@ FAKE_SGLANG_DIE=generate:N   on the N-th /generate, after its first chunk: the s
                              while a forked helper keeps the sockets open (as SGLang's scheduler
                              can), so only a client that watches the process notices at once
 FAKE_SGLANG_DIE=...@SEL      only in that server
+                             (N and M above count the /generate requests a client sends, not
+                             serve's readiness token, which sets log_metrics false)
 FAKE_SGLANG_READY_AFTER=S    /health_generate answers 503 for S seconds (default 0.3);
                              FAKE_SGLANG_READY_AFTER_<SEL> for one server
 FAKE_SGLANG_STEP_S=S         time one decode or verify step takes (default 0.001)
@@ -379,8 +381,8 @@ class Handler(BaseHTTPRequestHandler):
         ids, key = self._prompt(req)
         s = sampling(req.get("sampling_params") or {})
         t0 = time.monotonic()
-        with count_lock:
-            generate_count += 1
+        with count_lock:  # serve's readiness token (log_metrics false) is not one of the requests faults count
+            generate_count += req.get("log_metrics") is not False
             n = generate_count
         d = run(ids, key, s, n)
         rid = uuid.uuid4().hex
