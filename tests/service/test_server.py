@@ -9,8 +9,9 @@ import pytest
 
 from dflashctl import errors
 from dflashctl.errors import DflashError
-from dflashctl.service.server import Server, _LogWatch
+from dflashctl.service.server import Server
 from dflashctl.service.sglang_0_5_11 import WARMED_UP_LINE
+from dflashctl.service.stall import StallWatch
 from dflashctl.smoke import ports
 
 STANDIN = Path(__file__).parent.parent / "data" / "service" / "standin_server.py"
@@ -80,15 +81,22 @@ def test_without_the_warm_up_line_health_generate_decides(tmp_path):
 def test_the_warm_up_line_counts_from_this_start_and_across_split_writes(tmp_path):
     log = tmp_path / "sglang.log"
     log.write_text(f"[2026-12-01 10:00:00] {WARMED_UP_LINE}\n")  # an earlier start appended to the same log
-    watch = _LogWatch(log, log.stat().st_size, WARMED_UP_LINE)
-    assert not watch.seen()
+    watch = StallWatch(0, log, log.stat().st_size, look_for=WARMED_UP_LINE)
+    watch.stalled()
+    assert not watch.found
     head, tail = WARMED_UP_LINE[:17], WARMED_UP_LINE[17:]
     with open(log, "a") as f:
         f.write(f"[2026-12-01 10:05:00] {head}")
-    assert not watch.seen()
+    watch.stalled()
+    assert not watch.found
     with open(log, "a") as f:
         f.write(f"{tail}\n")
-    assert watch.seen() and watch.seen()
+    watch.stalled()
+    assert watch.found
+    with open(log, "a") as f:
+        f.write("[2026-12-01 10:05:01] INFO:     127.0.0.1:4242 - \"GET /model_info HTTP/1.1\" 200 OK\n")
+    watch.stalled()
+    assert watch.found  # once seen, stays seen
 
 
 def test_crash_before_ready_raises_with_log_tail(tmp_path):
@@ -218,7 +226,6 @@ def test_stall_check_off_with_zero(tmp_path):
 
 def test_a_progress_bar_redrawn_with_carriage_returns_is_progress(tmp_path):
     """tqdm redraws one line with \\r while SGLang loads weights: each redraw is progress."""
-    from dflashctl.service.stall import StallWatch
     log = tmp_path / "log"
     log.write_bytes(b"")
     now = [0.0]
@@ -235,3 +242,19 @@ def test_a_progress_bar_redrawn_with_carriage_returns_is_progress(tmp_path):
     now[0] += 5
     assert watch.stalled()
     assert watch.last_line == "Loading safetensors checkpoint shards: 70%"
+
+
+def test_a_readiness_token_refused_again_and_again_is_not_progress(tmp_path):
+    """After the warm-up line serve sends its token every few seconds; a server that logs only the
+    refusals (a 400 from its tokenizer manager) is stuck, and the stall check must still say so."""
+    log = tmp_path / "log"
+    log.write_text(f"[2026-12-01 10:05:00] {WARMED_UP_LINE}\n")
+    now = [0.0]
+    watch = StallWatch(10, log, 0, clock=lambda: now[0])
+    assert not watch.stalled()
+    for _ in range(4):
+        with open(log, "a") as f:
+            f.write('[2026-12-01 10:05:03] INFO:     127.0.0.1:5 - "POST /generate HTTP/1.1" 400 Bad Request\n')
+        now[0] += 3
+        watch.stalled()
+    assert watch.stalled() and watch.last_line.endswith(WARMED_UP_LINE)

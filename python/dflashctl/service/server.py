@@ -107,10 +107,9 @@ class Server:
         `abort`, asked every POLL_S, returns the error to stop with (serve's GPU watch), or None.
         """
         start = time.monotonic()
-        watch = StallWatch(stall_timeout, self.log_path, self._log_offset, gpu)
+        watch = StallWatch(stall_timeout, self.log_path, self._log_offset, gpu, look_for=WARMED_UP_LINE)
         health = _Attempts(lambda result, limit: self._request(health_path, result, limit))
         decode = _Attempts(lambda result, limit: self._request("/generate", result, limit, READY_DECODE))
-        warmed_up = _LogWatch(self.log_path, self._log_offset, WARMED_UP_LINE)
         last_progress = start
         while True:
             now = time.monotonic()
@@ -128,7 +127,7 @@ class Server:
             if health.answered(now, limit):
                 self.ready_by = f"{self.base_url}{health_path} decoded a token"
                 return now - start
-            if warmed_up.seen() and decode.answered(now, limit):
+            if watch.found and decode.answered(now, limit):
                 self.ready_by = f"SGLang logged its warm-up done and {self.base_url}/generate decoded a token"
                 return now - start
             if watch.stalled():
@@ -230,30 +229,6 @@ class _Attempts:
             self.attempt["thread"] = threading.Thread(target=self.send, args=(self.attempt, limit), daemon=True)
             self.attempt["thread"].start()
         return False
-
-
-class _LogWatch:
-    """Whether the log, from `offset` on, holds `text` (read as it grows; a line split between two
-    reads is still found)."""
-
-    def __init__(self, path: Path, offset: int, text: str):
-        self.path, self.offset, self.text = path, offset, text.encode()
-        self.found, self._tail = False, b""
-
-    def seen(self) -> bool:
-        if self.found:
-            return True
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except OSError:
-            return False
-        self.offset += len(chunk)
-        window = self._tail + chunk
-        self.found = self.text in window
-        self._tail = window[-len(self.text):]
-        return self.found
 
 
 def _describe(rc: int) -> str:

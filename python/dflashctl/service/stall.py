@@ -4,8 +4,8 @@ Start-up progress is new log output or a change in the GPU memory used on the in
 (weights and CUDA graphs land there without a log line). Neither for `stallTimeoutSec` seconds
 means SGLang is stuck (a lock, a collective that never completes, a download that stalled): the
 supervisor stops it and reports the last thing it logged (errors.SERVER_STALLED, restartable).
-Our own health polls appear in SGLang's access log once its HTTP server is up; they are not
-progress. GPU memory is read through NVML in a child process (host/gpus.py) every few seconds;
+Our own health polls, and our readiness token after the warm-up line (server.py), appear in
+SGLang's access log once its HTTP server is up; they are not progress. GPU memory is read through NVML in a child process (host/gpus.py) every few seconds;
 without NVML, log output alone counts.
 """
 
@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-NOT_PROGRESS = ("/health",)  # our polls (/health_generate) in SGLang's access log
+# our polls in SGLang's access log: /health_generate, and the readiness token (server.py) once the
+# warm-up line is out; a token refused again and again is not a start moving on
+NOT_PROGRESS = ("/health", "POST /generate ")
 GPU_SAMPLE_S = 5.0
 
 
@@ -49,13 +51,16 @@ class GpuMemory:
 
 
 class StallWatch:
-    """Call `stalled()` while waiting; it reads what the log gained and the GPU memory's latest sample."""
+    """Call `stalled()` while waiting; it reads what the log gained and the GPU memory's latest sample.
+    `found` says whether the log, from `offset` on, held `look_for` (the one reader of the log while
+    serve waits, so serve's readiness can wait for SGLang's warm-up line too)."""
 
     def __init__(self, timeout: float, log_path: Path, offset: int = 0, gpu: GpuMemory | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, look_for: str = ""):
         self.timeout, self.log_path, self.offset, self.gpu, self.clock = timeout, Path(log_path), offset, gpu, clock
         self.last_progress = clock()
         self.last_line = ""
+        self.look_for, self.found = look_for.encode(), False
         self._partial = b""
         self._gpu_seen = gpu.latest if gpu else None
 
@@ -69,6 +74,8 @@ class StallWatch:
         if not data:
             return False
         self.offset += len(data)
+        # the unfinished line before this read, so a line split between two reads is still found
+        self.found = self.found or (bool(self.look_for) and self.look_for in self._partial + data)
 
         def counts(raw: bytes) -> bool:
             text = raw.decode("utf-8", "replace").strip()
