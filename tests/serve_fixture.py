@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,40 @@ def stop_serve(p: subprocess.Popen, grace: float = 30) -> None:
     finally:
         for fd in left:
             os.close(fd)
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")  # cgroup v1's freezer hierarchy
+
+
+@contextmanager
+def frozen(*pids: int):
+    """The processes `pids` frozen (cgroup v1 freezer) for the block: they cannot run, so a SIGKILL stays
+    pending and they do not exit, as a process stuck in the GPU driver (state D). Thawed after the
+    block, when a pending SIGKILL ends them. Skips the test where the v1 freezer is not writable
+    (hosts with cgroup v2 alone, whose freezer lets SIGKILL through)."""
+    group = FREEZER / f"dflash-test-{os.getpid()}-{pids[0]}"
+    try:
+        group.mkdir()
+    except OSError as e:
+        pytest.skip(f"needs the cgroup v1 freezer writable at {FREEZER} to make a process that outlives "
+                    f"SIGKILL ({e.strerror})")
+    try:
+        for pid in pids:
+            (group / "cgroup.procs").write_text(str(pid))
+        (group / "freezer.state").write_text("FROZEN")
+        while (group / "freezer.state").read_text().strip() != "FROZEN":
+            time.sleep(0.01)
+        yield
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        for task in (group / "cgroup.procs").read_text().split():
+            try:
+                (FREEZER / "cgroup.procs").write_text(task)  # alive still: back to the root group
+            except OSError:
+                pass  # it exited meanwhile
+        for _ in range(100):  # an exiting task can hold the group a moment
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)

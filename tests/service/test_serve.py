@@ -6,10 +6,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from serve_fixture import NEVER
+from serve_fixture import NEVER, descendants, frozen
 
 from dflashctl import errors
 from dflashctl.service import sdnotify
@@ -28,6 +29,48 @@ def test_ready_only_after_a_decode_then_clean_stop(serve):
     assert proc.returncode == 0, err
     assert "STOPPING=1" in proc.notify.messages or proc.notify.recv_until("STOPPING=1", proc, 1)
     assert "got signal 15" in (proc.tmp / "sglang.log").read_text()  # forwarded to the child
+
+
+def test_sglang_stuck_past_sigkill_is_named_and_serve_stops_before_systemd_kills_it(serve):
+    """SGLang stuck in the driver (here: frozen) outlives SIGTERM and SIGKILL. serve names it and
+    exits 0 within the unit's TimeoutStopSec, not waiting for it a second time in its cleanup."""
+    unit = json.loads((Path(__file__).resolve().parents[2] / "python/dflashctl/service/data/"
+                       "service-unit.json").read_text())
+    timeout_stop = float(unit["service"]["TimeoutStopSec"].rstrip("s"))
+    proc = serve("healthy", ["--skip-preflight"], ready_after=0.3)
+    assert proc.notify.recv_until("READY=1", proc)
+    sglang = [pid for pid in descendants(proc.pid)  # not serve's own helpers (its GPU watch's probes)
+              if b"standin_server" in _cmdline(pid)]
+    assert sglang, descendants(proc.pid)
+    with frozen(*sglang):
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=timeout_stop)  # systemd's SIGKILL would come here
+        assert all(_running(pid) for pid in sglang)  # frozen: none could exit
+    assert proc.returncode == 0, err
+    assert f"SGLang (pid {sglang[0]}) did not exit 30 s after SIGTERM nor 10 s after SIGKILL" in err
+    assert "ps -o stat,wchan" in err
+    for pid in sglang:  # thawed: the pending signals end them
+        for _ in range(200):
+            if not _running(pid):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"pid {pid} outlived its thaw")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""  # gone already
+
+
+def _running(pid: int) -> bool:
+    """Not gone and not a zombie (its parent, serve, has exited; whoever adopts it reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_crash_before_ready_is_reported_at_once(serve):

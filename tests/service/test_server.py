@@ -2,10 +2,12 @@
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from serve_fixture import NEVER, frozen
 
 from dflashctl import errors
 from dflashctl.errors import DflashError
@@ -130,6 +132,26 @@ def test_stop_kills_a_child_that_ignores_sigterm(tmp_path):
     while "ignoring" not in srv.log_tail():
         time.sleep(0.05)
     assert srv.stop(grace=0.5) == -9
+
+
+def test_a_child_that_outlives_sigkill_is_stuck_and_not_waited_for_again(tmp_path):
+    """A process stuck in the driver ignores SIGKILL until it can run again (here: frozen). stop
+    gives up after KILL_WAIT_S and says so; a second stop (serve's cleanup after its own) must not
+    wait all over again, or serve's stop outlasts the unit's TimeoutStopSec."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n")
+    srv = Server([sys.executable, str(script)], dict(os.environ), tmp_path / "log", "http://127.0.0.1:9")
+    srv.start()
+    while "sleeping" not in srv.log_tail():
+        time.sleep(0.05)
+    with frozen(srv.pid):
+        assert srv.stop(grace=0.5) is None and srv.stuck
+        again = threading.Thread(target=srv.stop, kwargs={"grace": 3600}, daemon=True)
+        again.start()
+        again.join(NEVER)  # waiting again would take an hour
+        assert not again.is_alive()
+        assert srv.poll() is None  # still there, SIGKILL pending
+    assert srv.wait(NEVER) in (-9, -15)  # thawed: a pending signal ends it
 
 
 def test_stop_reaches_grandchildren_in_the_group(tmp_path):

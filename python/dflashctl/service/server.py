@@ -39,6 +39,7 @@ class Server:
         self._echo_thread: threading.Thread | None = None
         self._log_offset = 0
         self.ready_by = ""  # what proved readiness, for the log
+        self.stuck = False  # a stop's SIGKILL did not end it (see stop)
 
     # --- process ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -82,16 +83,20 @@ class Server:
             pass  # the whole group is gone already
 
     def stop(self, grace: float = 30) -> int | None:
-        """SIGTERM to the process group, SIGKILL to what is left after `grace` seconds."""
+        """SIGTERM to the process group, SIGKILL to what is left after `grace` seconds.
+
+        None: it did not die (uninterruptible in the driver); `stuck` then says so, and a later stop
+        sends SIGKILL again without waiting again: serve's own stop must end before systemd's
+        TimeoutStopSec, and waiting twice for a process that cannot run would not."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and not self.stuck:
             self.signal_group(signal.SIGTERM)
             if self.wait(grace) is None:
                 self.signal_group(signal.SIGKILL)
-                self.wait(KILL_WAIT_S)
+                self.stuck = self.wait(KILL_WAIT_S) is None
         self.signal_group(signal.SIGKILL)  # helpers the leader left behind (scheduler, detokenizer)
-        return self.proc.returncode  # None: it did not die (uninterruptible in the driver)
+        return self.proc.poll()
 
     # --- readiness -------------------------------------------------------------------------------
     def wait_ready(self, timeout: float, on_progress: Callable[[float, str], None] | None = None,
