@@ -131,9 +131,15 @@ class Standin:
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
+            self.proc.send_signal(signal.SIGCONT)  # a test may have stopped it
+            # SIGTERM, not SIGKILL: its handler ends the scheduler and detokenizer first, and a
+            # detokenizer still starting (SGLang does not wait for it) would outlive a SIGKILL
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 class Router:
