@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from router_harness import ENV, STANDIN, free_port, request
+from router_harness import ENV, STANDIN, free_port, request, stop_standin
 
 from dflashctl.smoke import oracle
 
@@ -84,10 +84,4 @@ class Instance:
         return self.start()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_standin(self.proc)

@@ -130,16 +130,21 @@ class Standin:
         self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # a test may have stopped it
-            # SIGTERM, not SIGKILL: its handler ends the scheduler and detokenizer first, and a
-            # detokenizer still starting (SGLang does not wait for it) would outlive a SIGKILL
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_standin(self.proc)
+
+
+def stop_standin(proc: subprocess.Popen | None) -> None:
+    """Stop a stand-in server as a service is stopped: SIGTERM, SIGKILL after 10 s. Not SIGKILL
+    first: its handler ends the scheduler and detokenizer, and a detokenizer still starting (SGLang
+    does not wait for it) would outlive a SIGKILL of the leader."""
+    if proc and proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)  # a test may have stopped it
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class Router:
