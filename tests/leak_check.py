@@ -38,7 +38,7 @@ class Proc:
     start: int  # clock ticks since boot: tells a reused pid from the process once there
 
 
-def _stat(pid: int) -> tuple[int, str, int] | None:
+def live_stat(pid: int) -> tuple[int, str, int] | None:
     """(ppid, state, starttime) of a live process; None when gone (or a zombie: dead)."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)  # os.open: a scan reads a few hundred of these
@@ -59,7 +59,7 @@ def session_processes() -> dict[int, Proc]:
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == ME:
             continue
-        st = _stat(int(name))
+        st = live_stat(int(name))
         if st is not None:
             seen[int(name)] = Proc(int(name), st[0], st[2])
     ours = {ME}
@@ -119,7 +119,7 @@ def listening_ports(pid: int) -> list[str]:
 def _alive(procs: dict[int, Proc]) -> dict[int, Proc]:
     out = {}
     for pid, p in procs.items():
-        st = _stat(pid)
+        st = live_stat(pid)
         if st is not None and st[2] == p.start:
             out[pid] = p
     return out

@@ -10,10 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from leak_check import live_stat
 from serve_fixture import NEVER, descendants, frozen
 
 from dflashctl import errors
 from dflashctl.service import sdnotify
+from dflashctl.service.unit_text import unit_data
 
 
 def test_ready_only_after_a_decode_then_clean_stop(serve):
@@ -34,9 +36,7 @@ def test_ready_only_after_a_decode_then_clean_stop(serve):
 def test_sglang_stuck_past_sigkill_is_named_and_serve_stops_before_systemd_kills_it(serve):
     """SGLang stuck in the driver (here: frozen) outlives SIGTERM and SIGKILL. serve names it and
     exits 0 within the unit's TimeoutStopSec, not waiting for it a second time in its cleanup."""
-    unit = json.loads((Path(__file__).resolve().parents[2] / "python/dflashctl/service/data/"
-                       "service-unit.json").read_text())
-    timeout_stop = float(unit["service"]["TimeoutStopSec"].rstrip("s"))
+    timeout_stop = float(unit_data()["service"]["TimeoutStopSec"].rstrip("s"))
     proc = serve("healthy", ["--skip-preflight"], ready_after=0.3)
     assert proc.notify.recv_until("READY=1", proc)
     sglang = [pid for pid in descendants(proc.pid)  # not serve's own helpers (its GPU watch's probes)
@@ -45,13 +45,13 @@ def test_sglang_stuck_past_sigkill_is_named_and_serve_stops_before_systemd_kills
     with frozen(*sglang):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=timeout_stop)  # systemd's SIGKILL would come here
-        assert all(_running(pid) for pid in sglang)  # frozen: none could exit
+        assert all(live_stat(pid) for pid in sglang)  # frozen: none could exit (nor is a zombie)
     assert proc.returncode == 0, err
     assert f"SGLang (pid {sglang[0]}) did not exit 30 s after SIGTERM nor 10 s after SIGKILL" in err
     assert "ps -o stat,wchan" in err
     for pid in sglang:  # thawed: the pending signals end them
         for _ in range(200):
-            if not _running(pid):
+            if live_stat(pid) is None:  # gone, or a zombie its new parent has yet to reap
                 break
             time.sleep(0.05)
         else:
@@ -63,14 +63,6 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""  # gone already
-
-
-def _running(pid: int) -> bool:
-    """Not gone and not a zombie (its parent, serve, has exited; whoever adopts it reaps it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_crash_before_ready_is_reported_at_once(serve):

@@ -5,8 +5,8 @@ Start-up progress is new log output or a change in the GPU memory used on the in
 means SGLang is stuck (a lock, a collective that never completes, a download that stalled): the
 supervisor stops it and reports the last thing it logged (errors.SERVER_STALLED, restartable).
 Our own health polls, and our readiness token after the warm-up line (server.py), appear in
-SGLang's access log once its HTTP server is up; they are not progress. GPU memory is read through NVML in a child process (host/gpus.py) every few seconds;
-without NVML, log output alone counts.
+SGLang's access log once its HTTP server is up; they are not progress. GPU memory is read through
+NVML in a child process (host/gpus.py) every few seconds; without NVML, log output alone counts.
 """
 
 import re
