@@ -20,7 +20,8 @@
 # rollout-h200-logs.txt. Knobs: ROLLOUT_MODE (both; rolling or all: one of the two upgrades only),
 # RECORD_METRICS (1; 0 skips the recordings), ROLLOUT_LIMIT (420 s for the benchmark), FAST_START (set:
 # both instances with `fastStart`, issue 44's rollout with each instance's time out of rotation;
-# `default`: neither names it, the setting's default; unset: both off).
+# `default`: neither names it, the setting's default; unset: both off), PORT_TAKEN (0; 1: afterwards
+# benchmarks/gpu/port_taken.py on instance a, into $OUT/port-taken.txt).
 set -uo pipefail
 OUT=${OUT:-/tmp/rollout-out}; mkdir -p "$OUT/metrics"
 source "$(dirname "$0")/common.sh"
@@ -43,6 +44,10 @@ timeout --signal=INT "${ROLLOUT_LIMIT:-420}" python3 benchmarks/rollout_bench.py
   --instance "$work/b.json" --python "$(command -v python3)" --mode "${ROLLOUT_MODE:-both}" --clients 8 --before 10 --after 10 --healthy-for 5 \
   --start-timeout 600 --json "$OUT/rollout-h200.json" --work-dir "$work/bench" >>"$OUT/rollout-h200.txt" 2>&1
 echo "rollout_bench exit $?" >>"$OUT/rollout-h200.txt"
+if [ "${PORT_TAKEN:-0}" = 1 ]; then  # then instance a's port held by another program (port_taken.py)
+  timeout 300 python3 benchmarks/gpu/port_taken.py "$work/a.json" "$work/bench" >"$OUT/port-taken.txt" 2>&1
+  echo "port_taken exit $?" >>"$OUT/port-taken.txt"
+fi
 for f in "$work"/bench/serve-*.log "$OUT"/metrics/serve-*.log "$work"/bench/router.log; do
   [ -e "$f" ] || continue
   { echo "===== $f (key lines)"; grep -E "KV Cache|max_total_num_tokens|Not enough|ready|READY|exit|Traceback|Error|preflight|faststart" "$f" | cut -c1-300 | head -40

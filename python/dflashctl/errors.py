@@ -45,6 +45,9 @@ SERVER_STALLED = 93  # no start-up progress (log, GPU memory) for stallTimeoutSe
 # The GPU watch saw the instance's GPU fail (a critical XID, lost, new uncorrected ECC errors): SGLang
 # was stopped. Restarted: the next start's preflight refuses a GPU that is still faulty (exit 89).
 SERVER_GPU_FAILED = 94
+# SGLang cannot listen on the instance's host:port: another program holds the port (it may be the last
+# start's SGLang, still stopping), or the address is not this machine's (yet, at boot).
+PORT_TAKEN = 95
 
 
 class DflashError(Exception):

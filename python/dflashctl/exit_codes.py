@@ -38,6 +38,8 @@ MEANING = {
     e.SERVER_STALLED: "SGLang's start made no progress for stallTimeoutSec (restarted)",
     e.SERVER_GPU_FAILED: "the GPU watch saw the instance's GPU fail while serving; SGLang was stopped "
                          "(restarted)",
+    e.PORT_TAKEN: "SGLang cannot listen on the instance's host:port: another program holds it, or the "
+                  "address is not this machine's (restarted)",
     e.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)",
 }
 
@@ -70,7 +72,7 @@ BY_COMMAND: dict[str, dict[int, str | None]] = {
                                             "(--skip-unfetched accepts that)"},
     "serve": {e.CONFIG: None, **{c: None for c in PREFLIGHT}, e.SERVER_DIED_BEFORE_READY: None,
               e.SERVER_DIED_AFTER_READY: None, e.SERVER_START_TIMEOUT: None, e.SERVER_STALLED: None,
-              e.SERVER_GPU_FAILED: None, e.OUTPUT: "--log-file cannot be written"},
+              e.SERVER_GPU_FAILED: None, e.PORT_TAKEN: None, e.OUTPUT: "--log-file cannot be written"},
     "unit": {e.CONFIG: "the settings are invalid, or a path the unit needs is one its sandbox hides",
              e.OUTPUT: None},
     "router": {e.CONFIG: None, e.FAILED: "--sync: the running router refused a change"},

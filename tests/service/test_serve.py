@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from leak_check import live_stat
-from serve_fixture import NEVER, descendants, frozen
+from serve_fixture import NEVER, descendants, free_port, frozen
 
 from dflashctl import errors
 from dflashctl.service import sdnotify
@@ -236,3 +236,57 @@ def test_a_stalled_start_is_stopped_and_named(serve):
     assert "got signal 15" in (proc.tmp / "sglang.log").read_text()  # the stalled child was stopped
     proc.notify.drain()
     assert any(m.startswith("STATUS=failed: SGLang made no start-up progress") for m in proc.notify.messages)
+
+
+def _holder(port: int, directory: Path) -> subprocess.Popen:
+    """Another program listening on `port` (its own process, so serve names a pid that is not its own)."""
+    script = directory / "port_holder.py"
+    script.write_text("import socket, sys, time\n"
+                      "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
+                      "print('listening', flush=True); time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, str(script), str(port)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "listening"
+    return proc
+
+
+def test_a_port_another_program_listens_on_is_named_before_anything_starts(serve, tmp_path):
+    port = free_port()
+    holder = _holder(port, tmp_path)
+    try:
+        proc = serve("healthy", settings={"port": port})  # the preflight would run probes: it never comes
+        _, err = proc.communicate(timeout=NEVER)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == errors.PORT_TAKEN, err
+    assert f"127.0.0.1:{port} is taken: pid {holder.pid} ({sys.executable} {tmp_path}/port_holder.py {port})" in err
+    assert "give this instance another `port`" in err
+    assert "preflight" not in err  # refused before the probes, with no SGLang started
+    assert not (proc.tmp / "argv.json").exists()
+    proc.notify.drain()
+    assert any(m.startswith(f"STATUS=failed (exit {errors.PORT_TAKEN}): 127.0.0.1:{port} is taken")
+               for m in proc.notify.messages)
+
+
+def test_a_port_taken_while_sglang_loads_is_named_and_leaves_no_process(serve, tmp_path):
+    """Free at serve's check, taken before SGLang listens (as SGLang binds only after the weights):
+    SGLang fails to listen and ends its children; serve names the holder, not a bare crash."""
+    pids = tmp_path / "pids.json"
+    proc = serve("healthy", ["--skip-preflight"], listen_after=3, child_pidfile=pids)
+    port = json.loads((tmp_path / "settings.json").read_text())["port"]
+    for line in proc.stderr:
+        if "starting SGLang" in line:
+            break
+    else:
+        raise AssertionError("serve never started SGLang")
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        _, err = proc.communicate(timeout=NEVER)
+    assert proc.returncode == errors.PORT_TAKEN, err
+    assert f"127.0.0.1:{port} is taken: pid {os.getpid()} (" in err
+    assert "SGLang loaded the model, then could not listen" in err
+    assert f"standin: cannot listen on 127.0.0.1:{port}" in err  # SGLang's own line, in the log tail
+    children = json.loads(pids.read_text())  # the scheduler and detokenizer had started
+    assert all(live_stat(pid) is None for pid in children.values())

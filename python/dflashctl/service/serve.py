@@ -1,6 +1,7 @@
 """`dflashctl serve --config FILE`: run one SGLang instance under systemd, ready only when it decodes.
 
-Order: settings (exit CONFIG) -> preflight probes in child processes, the model pair's files and
+Order: settings (exit CONFIG) -> the instance's host:port can be listened on (exit PORT_TAKEN,
+naming the program that holds it) -> preflight probes in child processes, the model pair's files and
 the GPUs' health and memory, before any weights load (every failure listed with its fix; exit with
 the first one's code, a faulty GPU's first) -> SGLang in its own process group, its GPUs watched
 (host/gpu_watch.py) -> /health_generate answers -> READY=1; a start that stops making progress
@@ -27,7 +28,7 @@ from dflashctl.errors import (CONFIG, OK, PREFLIGHT_GPU_FAULT, PREFLIGHT_MODEL_M
 from dflashctl.host import gpus, hub_cache, interpreter
 from dflashctl.host.gpu_watch import GpuFailure, GpuWatch
 from dflashctl.lock import locate
-from dflashctl.service import config, gpu_claim, model_check, sdnotify, sglang_args, unit_text
+from dflashctl.service import config, gpu_claim, listen_check, model_check, sdnotify, sglang_args, unit_text
 from dflashctl.service.child_env import child_env as sglang_child_env
 from dflashctl.service.child_env import settings_env
 from dflashctl.service.server import KILL_WAIT_S, Server, _describe, _indent
@@ -311,6 +312,7 @@ def _run(args) -> int:
     say(child.driver_line())
     child_env = child.env
     check_models_cached(cfg, child_env, args.config)  # a file check: kept with --skip-preflight
+    listen_check.check_listen(cfg.host, cfg.port)  # a socket's bind: kept too
     if not args.skip_preflight:
         preflight(cfg, args.python, child_env, args.config)
     server = Server(launch_argv(cfg, args.python, api_key, args.launcher),
@@ -372,6 +374,8 @@ def _serve(cfg: config.InstanceConfig, server: Server, python: str, watch: GpuWa
     except DflashError as e:
         if e.exit_code == SERVER_DIED_BEFORE_READY and watch.wait_failure(DEATH_CAUSE_WAIT_S):
             raise gpu_failed(server, watch.failure, "while starting") from None
+        if e.exit_code == SERVER_DIED_BEFORE_READY and listen_check.lost_port(server.log_tail()):
+            raise lost_port(cfg, server) from None
         raise
     finally:
         if gpu is not None:
@@ -388,6 +392,15 @@ def _serve(cfg: config.InstanceConfig, server: Server, python: str, watch: GpuWa
                               "its log ends with:\n" + _indent(server.log_tail()),
                               f"read the log above (full log: {server.log_path}); systemd restarts "
                               "the service with backoff", SERVER_DIED_AFTER_READY)
+
+
+def lost_port(cfg: config.InstanceConfig, server: Server) -> DflashError:
+    """SGLang loaded the model and could not listen: the port was free at serve's own check and taken
+    by the time SGLang bound it. Name who holds it now (or that it is free again)."""
+    return listen_check.taken_error(
+        cfg.host, cfg.port, listen_check.bind_problem(cfg.host, cfg.port),
+        "it was free when serve started; SGLang loaded the model, then could not listen. SGLang's log ends "
+        f"with:\n{_indent(server.log_tail(12))}")
 
 
 def gpu_failed(server: Server, failure: GpuFailure, when: str) -> DflashError:

@@ -9,11 +9,11 @@ fresh port (smoke/fleet.py).
 """
 
 import random
-import socket
 from pathlib import Path
 
 from dflashctl.errors import DflashError
 from dflashctl.service.config import MAX_PORT
+from dflashctl.service.listen_check import bind_problem
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST = 20000  # below: the ports of well-known services; 20000 .. 32767 is outside Linux's default range
@@ -59,10 +59,4 @@ def free_port(at_most: int = MAX_PORT, lowest: int = LOWEST) -> int:
 def is_free(port: int) -> bool:
     """Whether 127.0.0.1:port can be bound now (as a server binds it: address reuse on, so a port
     whose last connection lingers in TIME_WAIT counts as free, as it is for the server)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    return bind_problem("127.0.0.1", port) is None

@@ -688,7 +688,17 @@ def run_server() -> None:
     quiet = "--log-level" in args and args[args.index("--log-level") + 1] in ("warning", "error", "critical")
     if mode in ("healthy", "die-after-ready") and not quiet:  # an INFO line
         threading.Thread(target=announce_warm_up, daemon=True).start()
-    http.server.ThreadingHTTPServer((host, port), Handler).serve_forever()
+    try:
+        httpd = http.server.ThreadingHTTPServer((host, port), Handler)
+    except OSError as e:  # as SGLang: uvicorn logs the bind error and exits 1; launch_server's `finally`
+        print(f"standin: cannot listen on {host}:{port}: {e}", flush=True)  # kills its children first
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        sys.exit(1)
+    httpd.serve_forever()
 
 
 def announce_warm_up() -> None:
