@@ -365,6 +365,36 @@ def test_a_hang_is_cut_short_by_stall_detection(deploy):
     assert "got signal 15" in inst.read(inst.sglang_log)  # the stalled child was stopped
 
 
+def test_a_port_another_service_holds_is_named_and_the_start_retried(deploy, container):
+    """Another service listens on the instance's port. serve runs under DynamicUser and
+    ProtectProc=invisible, so it cannot see that process: it names the socket's user and the `ss`
+    command that names the process. Exit 95 before SGLang starts, restarted with backoff (the holder
+    may be the last start's SGLang, still stopping); once the port is free the next start serves."""
+    inst = deploy("port")
+    port = json.loads(inst.read(f"/etc/dflash/{inst.name}.json"))["port"]
+    holder = f"port-holder-{inst.name}"
+    listen = f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)"
+    container.run(["systemd-run", f"--unit={holder}", "python3", "-c", listen])
+    try:
+        end = time.monotonic() + WAIT_S
+        connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), 1)"
+        while container.run(["python3", "-c", connect], check=False).returncode != 0:
+            assert time.monotonic() < end, container.run(["systemctl", "status", holder], check=False).stdout
+            time.sleep(0.1)
+        assert inst.start().returncode != 0
+        view = inst.wait_for(lambda v: v["SubState"] in ("auto-restart", "failed") and v["ExecMainStatus"] != "0",
+                             "failed", props=("ActiveState", "SubState", "ExecMainStatus", "StatusText"))
+        assert int(view["ExecMainStatus"]) == errors.PORT_TAKEN, view
+        assert view["SubState"] == "auto-restart", view  # restarted, not given up on
+        assert view["StatusText"].startswith(
+            f"failed (exit {errors.PORT_TAKEN}): 127.0.0.1:{port} is taken: a process of user root listens"), view
+        assert f"ss -ltnp 'sport = :{port}'" in view["StatusText"], view
+        assert "standin" not in inst.journal()  # SGLang was never started
+    finally:
+        container.run(["systemctl", "stop", holder], check=False)
+    inst.wait_for(lambda v: v["ActiveState"] == "active" and v["SubState"] == "running", "serving once the port is free")
+
+
 def _role(cmd: str) -> str:
     """What a process of an instance is, from its command line."""
     if "dflashctl serve" in cmd:
