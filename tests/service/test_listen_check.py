@@ -3,6 +3,8 @@
 import errno
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 from serve_fixture import free_port
@@ -93,10 +95,41 @@ def test_an_ipv6_address_is_bound_as_ipv6_and_shown_in_brackets():
     assert e.value.what.startswith(f"[::1]:{port} is taken: pid {os.getpid()} (")
 
 
-@pytest.mark.parametrize("tail, lost", [
-    ("ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use", True),
-    ("standin: cannot listen on 127.0.0.1:30000: [Errno 98] Address already in use", True),
-    ("RuntimeError: CUDA error: an illegal memory access was encountered", False),
-])
-def test_sglang_losing_its_port_is_read_from_its_log(tail, lost):
-    assert listen_check.lost_port(tail) is lost
+def test_a_failed_bind_carries_the_mark_serve_looks_for_in_sglangs_log():
+    """The stand-in prints Python's OSError as it is; uvicorn's line starts with the same "[Errno 98]"."""
+    port = free_port()
+    with socket.socket() as s, socket.socket() as second:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        with pytest.raises(OSError) as e:
+            second.bind(("127.0.0.1", port))
+    assert listen_check.PORT_LOST_MARK in str(e.value)
+
+
+def test_only_listeners_whose_address_overlaps_the_instances_count(tmp_path):
+    v4, v6 = tmp_path / "tcp", tmp_path / "tcp6"
+    v4.write_text(TABLE_HEAD + _row("0200007F:7530", "0A", 1000, 121)      # 127.0.0.2:30000
+                  + _row("0100007F:7530", "0A", 1000, 122))                # 127.0.0.1:30000
+    v6.write_text(TABLE_HEAD + _row("0000000000000000FFFF00000200007F:7530", "0A", 1000, 123))  # [::ffff:127.0.0.2]
+    assert listen_check.listening_sockets(30000, (v4, v6), "127.0.0.1") == {122: 1000}
+    assert listen_check.listening_sockets(30000, (v4, v6), "127.0.0.2") == {121: 1000, 123: 1000}
+    assert listen_check.listening_sockets(30000, (v4, v6), "0.0.0.0") == {121: 1000, 122: 1000, 123: 1000}
+    v4.write_text(TABLE_HEAD + _row("00000000:7530", "0A", 0, 124))        # 0.0.0.0:30000 takes them all
+    assert listen_check.listening_sockets(30000, (v4,), "127.0.0.1") == {124: 0}
+
+
+def test_a_listener_of_another_process_group_is_foreign_and_one_of_the_group_is_not():
+    port = free_port()
+    code = ("import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); "
+            "s.listen(); print('up', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(port)], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)  # a group of its own, as serve starts SGLang
+    try:
+        assert child.stdout.readline().strip() == "up"
+        assert listen_check.foreign("127.0.0.1", port, child.pid) == []  # SGLang's own listener
+        found = listen_check.foreign("127.0.0.1", port, os.getpgid(0))   # seen from another group
+        assert [h.pid for h in found] == [child.pid]
+        assert listen_check.foreign("127.0.0.2", port, os.getpgid(0)) == []  # another address: no overlap
+    finally:
+        child.kill()
+        child.wait()

@@ -1,11 +1,13 @@
 """`dflashctl serve` as a real process, with a real NOTIFY_SOCKET and a stand-in SGLang child."""
 
+import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -268,25 +270,62 @@ def test_a_port_another_program_listens_on_is_named_before_anything_starts(serve
                for m in proc.notify.messages)
 
 
-def test_a_port_taken_while_sglang_loads_is_named_and_leaves_no_process(serve, tmp_path):
-    """Free at serve's check, taken before SGLang listens (as SGLang binds only after the weights):
-    SGLang fails to listen and ends its children; serve names the holder, not a bare crash."""
-    pids = tmp_path / "pids.json"
-    proc = serve("healthy", ["--skip-preflight"], listen_after=3, child_pidfile=pids)
-    port = json.loads((tmp_path / "settings.json").read_text())["port"]
+def _take_port_once_sglang_starts(proc, port: int, sock: socket.socket) -> None:
+    """Free at serve's check, taken before SGLang listens (SGLang binds only after the weights)."""
     for line in proc.stderr:
         if "starting SGLang" in line:
             break
     else:
         raise AssertionError("serve never started SGLang")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+
+
+def test_a_port_taken_while_sglang_loads_is_named_at_the_failed_bind(serve, tmp_path):
+    """SGLang's bind fails and it hangs (its warm-up asks the holder, which never answers, for
+    minutes): serve sees the bind error in the log, stops SGLang and names the holder."""
+    pids = tmp_path / "pids.json"
+    proc = serve("healthy", ["--skip-preflight"], listen_after=2, child_pidfile=pids)
+    port = json.loads((tmp_path / "settings.json").read_text())["port"]
     with socket.socket() as taken:
-        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        taken.bind(("127.0.0.1", port))
-        taken.listen()
-        _, err = proc.communicate(timeout=NEVER)
+        _take_port_once_sglang_starts(proc, port, taken)
+        _, err = proc.communicate(timeout=NEVER)  # the stand-in alone would hang 2 to 12 minutes
     assert proc.returncode == errors.PORT_TAKEN, err
     assert f"127.0.0.1:{port} is taken: pid {os.getpid()} (" in err
-    assert "SGLang loaded the model, then could not listen" in err
-    assert f"standin: cannot listen on 127.0.0.1:{port}" in err  # SGLang's own line, in the log tail
+    assert "SGLang loaded the model, then could not listen, and was stopped" in err
+    assert f"standin: cannot listen on 127.0.0.1:{port}: [Errno 98]" in err  # SGLang's own line, in the log tail
     children = json.loads(pids.read_text())  # the scheduler and detokenizer had started
     assert all(live_stat(pid) is None for pid in children.values())
+
+
+class _AnswersEverything(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    do_POST = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+def test_answers_from_another_server_on_the_port_are_not_taken_for_readiness(serve, tmp_path):
+    """Another server (say a stale SGLang) listens on the port before this SGLang does and answers
+    every request 200: serve's readiness request is answered, but not by its own SGLang. No READY=1:
+    SGLang is stopped and the other server named."""
+    proc = serve("healthy", ["--skip-preflight"], listen_after=30)
+    port = json.loads((tmp_path / "settings.json").read_text())["port"]
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", port), _AnswersEverything, bind_and_activate=False)
+    _take_port_once_sglang_starts(proc, port, other.socket)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        _, err = proc.communicate(timeout=NEVER)
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert proc.returncode == errors.PORT_TAKEN, err
+    assert f"127.0.0.1:{port} is taken: pid {os.getpid()} (" in err
+    assert "may have been answered by it, not by this instance's SGLang, which was stopped" in err
+    proc.notify.drain()
+    assert not any("READY=1" in m for m in proc.notify.messages)

@@ -1,7 +1,8 @@
 """`dflashctl serve --config FILE`: run one SGLang instance under systemd, ready only when it decodes.
 
 Order: settings (exit CONFIG) -> the instance's host:port can be listened on (exit PORT_TAKEN,
-naming the program that holds it) -> preflight probes in child processes, the model pair's files and
+naming the program that holds it; also when SGLang's own bind fails later, or another program's
+answers would have passed for readiness: service/listen_check.py) -> preflight probes in child processes, the model pair's files and
 the GPUs' health and memory, before any weights load (every failure listed with its fix; exit with
 the first one's code, a faulty GPU's first) -> SGLang in its own process group, its GPUs watched
 (host/gpu_watch.py) -> /health_generate answers -> READY=1; a start that stops making progress
@@ -317,7 +318,7 @@ def _run(args) -> int:
         preflight(cfg, args.python, child_env, args.config)
     server = Server(launch_argv(cfg, args.python, api_key, args.launcher),
                     child_env, Path(args.log_file or default_log_path(cfg, env)),
-                    cfg.base_url, api_key, echo=sys.stderr)
+                    cfg.base_url, api_key, echo=sys.stderr, listen=(cfg.host, cfg.port))
     _rotate(server.log_path)
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -374,8 +375,6 @@ def _serve(cfg: config.InstanceConfig, server: Server, python: str, watch: GpuWa
     except DflashError as e:
         if e.exit_code == SERVER_DIED_BEFORE_READY and watch.wait_failure(DEATH_CAUSE_WAIT_S):
             raise gpu_failed(server, watch.failure, "while starting") from None
-        if e.exit_code == SERVER_DIED_BEFORE_READY and listen_check.lost_port(server.log_tail()):
-            raise lost_port(cfg, server) from None
         raise
     finally:
         if gpu is not None:
@@ -392,15 +391,6 @@ def _serve(cfg: config.InstanceConfig, server: Server, python: str, watch: GpuWa
                               "its log ends with:\n" + _indent(server.log_tail()),
                               f"read the log above (full log: {server.log_path}); systemd restarts "
                               "the service with backoff", SERVER_DIED_AFTER_READY)
-
-
-def lost_port(cfg: config.InstanceConfig, server: Server) -> DflashError:
-    """SGLang loaded the model and could not listen: the port was free at serve's own check and taken
-    by the time SGLang bound it. Name who holds it now (or that it is free again)."""
-    return listen_check.taken_error(
-        cfg.host, cfg.port, listen_check.bind_problem(cfg.host, cfg.port),
-        "it was free when serve started; SGLang loaded the model, then could not listen. SGLang's log ends "
-        f"with:\n{_indent(server.log_tail(12))}")
 
 
 def gpu_failed(server: Server, failure: GpuFailure, when: str) -> DflashError:

@@ -21,6 +21,7 @@ from typing import TextIO
 
 from dflashctl import stop_signals
 from dflashctl.errors import SERVER_DIED_BEFORE_READY, SERVER_STALLED, SERVER_START_TIMEOUT, DflashError
+from dflashctl.service import listen_check
 from dflashctl.service.sglang_0_5_11 import READY_DECODE, WARMED_UP_LINE
 from dflashctl.service.stall import GpuMemory, StallWatch
 
@@ -28,13 +29,15 @@ POLL_S = 0.1  # how often the child is checked while waiting
 KILL_WAIT_S = 10.0  # after SIGKILL: a process stuck in the driver (a lost GPU) may never exit; do not hang with it
 HEALTH_INTERVAL_S = 0.5  # pause between health attempts
 HEALTH_REQUEST_TIMEOUT_S = 60.0  # one /health_generate may include the first CUDA-graph decode
+PORT_LOST_GRACE_S = 5.0  # SIGTERM to SIGKILL once SGLang lost its port: it serves nothing to drain
 
 
 class Server:
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, base_url: str,
-                 api_key: str | None = None, echo: TextIO | None = None):
+                 api_key: str | None = None, echo: TextIO | None = None, listen: tuple[str, int] | None = None):
         self.argv, self.env, self.log_path = list(argv), dict(env), Path(log_path)
         self.base_url, self.api_key, self.echo = base_url.rstrip("/"), api_key, echo
+        self.listen = listen  # SGLang's (host, port): who else listens there is asked (listen_check)
         self.proc: subprocess.Popen | None = None
         self._echo_thread: threading.Thread | None = None
         self._log_offset = 0
@@ -112,7 +115,9 @@ class Server:
         `abort`, asked every POLL_S, returns the error to stop with (serve's GPU watch), or None.
         """
         start = time.monotonic()
-        watch = StallWatch(stall_timeout, self.log_path, self._log_offset, gpu, look_for=WARMED_UP_LINE)
+        watch = StallWatch(stall_timeout, self.log_path, self._log_offset, gpu,
+                           look_for=(WARMED_UP_LINE, listen_check.PORT_LOST_MARK))
+        port_asked = False
         health = _Attempts(lambda result, limit: self._request(health_path, result, limit))
         decode = _Attempts(lambda result, limit: self._request("/generate", result, limit, READY_DECODE))
         last_progress = start
@@ -120,21 +125,21 @@ class Server:
             now = time.monotonic()
             rc = self.proc.poll()
             if rc is not None:
-                raise DflashError(f"SGLang exited with status {_describe(rc)} before it was ready "
-                                  f"({now - start:.1f} s after start)",
-                                  "its log ends with:\n" + _indent(self.log_tail()),
-                                  f"read the log above (full log: {self.log_path})",
-                                  SERVER_DIED_BEFORE_READY)
+                raise self._died_before_ready(rc, now - start, watch)
             stop = abort() if abort is not None else None
             if stop is not None:
                 raise stop
+            if listen_check.PORT_LOST_MARK in watch.found and not port_asked:
+                port_asked = True  # once: the mark may be another port's (NCCL's), and a scan costs
+                if err := self._port_lost():
+                    raise err
             limit = max(1.0, min(HEALTH_REQUEST_TIMEOUT_S, start + timeout - now))
             if health.answered(now, limit):
                 self.ready_by = f"{self.base_url}{health_path} decoded a token"
-                return now - start
-            if watch.found and decode.answered(now, limit):
+                return self._ours_answered(now - start)
+            if WARMED_UP_LINE in watch.found and decode.answered(now, limit):
                 self.ready_by = f"SGLang logged its warm-up done and {self.base_url}/generate decoded a token"
-                return now - start
+                return self._ours_answered(now - start)
             if watch.stalled():
                 raise DflashError(f"SGLang made no start-up progress for {stall_timeout:.0f} s "
                                   f"({watch.watching()}), {now - start:.0f} s after start; stopping it",
@@ -153,6 +158,44 @@ class Server:
                 last_progress = now
                 on_progress(now - start, self.last_log_line())
             time.sleep(POLL_S)
+
+    def _died_before_ready(self, rc: int, after: float, watch: StallWatch) -> DflashError:
+        watch.read()  # its last lines: a bind that failed explains the death
+        if listen_check.PORT_LOST_MARK in watch.found and (err := self._port_lost()):
+            return err
+        return DflashError(f"SGLang exited with status {_describe(rc)} before it was ready ({after:.1f} s after "
+                           "start)", "its log ends with:\n" + _indent(self.log_tail()),
+                           f"read the log above (full log: {self.log_path})", SERVER_DIED_BEFORE_READY)
+
+    def _port_lost(self) -> DflashError | None:
+        """SGLang logged a failed bind: when another program listens on its host:port, stop SGLang
+        (it would wait minutes for its own warm-up, asking that program) and name the holder."""
+        if self.listen is None:
+            return None
+        host, port = self.listen
+        found = listen_check.foreign(host, port, self.pid)
+        if not found and listen_check.bind_problem(host, port) is None:
+            return None  # the port is free: the failed bind was another port's
+        self.stop(PORT_LOST_GRACE_S)
+        return listen_check.taken_error(
+            host, port, listen_check.bind_problem(host, port),
+            "it was free when serve started; SGLang loaded the model, then could not listen, and was stopped. "
+            f"Its log ends with:\n{_indent(self.log_tail(12))}", found)
+
+    def _ours_answered(self, took: float) -> float:
+        """Ready, unless another program listens on SGLang's host:port: then it may be what answered
+        (SGLang's own bind failed, or is yet to come); SGLang is stopped and the holder named."""
+        if self.listen is None:
+            return took
+        host, port = self.listen
+        found = listen_check.foreign(host, port, self.pid)
+        if not found:
+            return took
+        self.stop(PORT_LOST_GRACE_S)
+        raise listen_check.taken_error(
+            host, port, listen_check.bind_problem(host, port),
+            f"the readiness requests to {self.base_url} may have been answered by it, not by this "
+            "instance's SGLang, which was stopped", found)
 
     def _request(self, path: str, result: dict, timeout: float, body: dict | None = None) -> None:
         """GET `path`, or POST `body` as JSON to it; result["ok"] on a 200."""

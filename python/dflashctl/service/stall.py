@@ -52,15 +52,15 @@ class GpuMemory:
 
 class StallWatch:
     """Call `stalled()` while waiting; it reads what the log gained and the GPU memory's latest sample.
-    `found` says whether the log, from `offset` on, held `look_for` (the one reader of the log while
-    serve waits, so serve's readiness can wait for SGLang's warm-up line too)."""
+    `found` holds those of `look_for` the log held, from `offset` on (the one reader of the log while
+    serve waits, so serve's readiness can wait for SGLang's warm-up line, and see a failed bind)."""
 
     def __init__(self, timeout: float, log_path: Path, offset: int = 0, gpu: GpuMemory | None = None,
-                 clock: Callable[[], float] = time.monotonic, look_for: str = ""):
+                 clock: Callable[[], float] = time.monotonic, look_for: tuple[str, ...] = ()):
         self.timeout, self.log_path, self.offset, self.gpu, self.clock = timeout, Path(log_path), offset, gpu, clock
         self.last_progress = clock()
         self.last_line = ""
-        self.look_for, self.found = look_for.encode(), False
+        self.look_for, self.found = look_for, set()
         self._partial = b""
         self._gpu_seen = gpu.latest if gpu else None
 
@@ -75,7 +75,8 @@ class StallWatch:
             return False
         self.offset += len(data)
         # the unfinished line before this read, so a line split between two reads is still found
-        self.found = self.found or (bool(self.look_for) and self.look_for in self._partial + data)
+        seen = self._partial + data
+        self.found |= {text for text in self.look_for if text.encode() in seen}
 
         def counts(raw: bytes) -> bool:
             text = raw.decode("utf-8", "replace").strip()
@@ -99,12 +100,15 @@ class StallWatch:
         self._gpu_seen = self.gpu.latest
         return not first  # the first sample is where we start from, not a change
 
-    def stalled(self) -> bool:
-        now = self.clock()
+    def read(self) -> None:
+        """Take in what the log gained and the GPU memory's latest sample."""
         log, gpu = self._log_progressed(), self._gpu_progressed()
         if log or gpu:
-            self.last_progress = now
-        return self.timeout > 0 and now - self.last_progress >= self.timeout
+            self.last_progress = self.clock()
+
+    def stalled(self) -> bool:
+        self.read()
+        return self.timeout > 0 and self.clock() - self.last_progress >= self.timeout
 
     def watching(self) -> str:
         if self.gpu is not None and self.gpu.available:

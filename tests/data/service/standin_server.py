@@ -617,11 +617,7 @@ def descendants(pid: int) -> list[int]:
 def on_sigquit(signum, frame) -> None:
     """SGLang's launch-phase handler: a child failed; kill the process tree, this process last."""
     print("standin: Received sigquit from a child process. It usually means the child failed.", flush=True)
-    for pid in descendants(os.getpid()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_children()
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGQUIT)
 
@@ -685,20 +681,47 @@ def run_server() -> None:
         while True:
             time.sleep(3600)
     time.sleep(float(os.environ.get("STANDIN_LISTEN_AFTER", "0")))  # SGLang listens only after its imports
-    quiet = "--log-level" in args and args[args.index("--log-level") + 1] in ("warning", "error", "critical")
-    if mode in ("healthy", "die-after-ready") and not quiet:  # an INFO line
-        threading.Thread(target=announce_warm_up, daemon=True).start()
     try:
         httpd = http.server.ThreadingHTTPServer((host, port), Handler)
-    except OSError as e:  # as SGLang: uvicorn logs the bind error and exits 1; launch_server's `finally`
-        print(f"standin: cannot listen on {host}:{port}: {e}", flush=True)  # kills its children first
-        for pid in descendants(os.getpid()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        sys.exit(1)
+    except OSError as e:
+        print(f"standin: cannot listen on {host}:{port}: {e}", flush=True)
+        wait_for_own_warm_up()
+    quiet = "--log-level" in args and args[args.index("--log-level") + 1] in ("warning", "error", "critical")
+    if mode in ("healthy", "die-after-ready") and not quiet:  # an INFO line, once its warm-up reached it
+        threading.Thread(target=announce_warm_up, daemon=True).start()
     httpd.serve_forever()
+
+
+def wait_for_own_warm_up() -> None:
+    """SGLang 0.5.11 whose bind failed does not exit: uvicorn's shutdown joins SGLang's warm-up thread,
+    which asks the port (another program's now) for /model_info, up to 120 times a second apart with a
+    5 s timeout each, and then kills its process tree, itself included (seen on an H100: serve still
+    waited 290 s after the port was taken). Where the holder answers (another SGLang), the warm-up goes
+    on against it and logs its line; then uvicorn's exit ends the process (launch_server's `finally`
+    kills the children first)."""
+    import urllib.request
+    for _ in range(120):
+        time.sleep(1)
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/model_info", timeout=5) as r:
+                answered = r.status == 200
+        except OSError:
+            continue
+        if answered:
+            print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] The server is fired up and ready to roll!", flush=True)
+            kill_children()
+            sys.exit(1)
+    print("standin: Initialization failed. warmup error: no answer on the port", flush=True)
+    kill_children()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_children() -> None:
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def announce_warm_up() -> None:
