@@ -283,3 +283,26 @@ def test_a_readiness_token_refused_again_and_again_is_not_progress(tmp_path):
         now[0] += 3
         watch.stalled()
     assert watch.stalled() and watch.last_line.endswith(WARMED_UP_LINE)
+
+
+def test_a_failed_bind_of_another_port_while_sglang_listens_is_not_its_port_lost(tmp_path):
+    """SGLang listens, then logs an "[Errno 98]" of another port (NCCL's, say): its own port is not
+    lost, so it is not stopped, and it is ready once it answers."""
+    port = free_port()
+    code = ("import http.server, sys, time\n"
+            "t0 = time.monotonic()\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n"
+            "        self.send_response(200 if time.monotonic() - t0 > 1.0 else 503); self.end_headers()\n"
+            "    def log_message(self, *a): pass\n"
+            "s = http.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), H)\n"
+            "print('nccl: bind of port 29500 failed: [Errno 98] Address already in use', flush=True)\n"
+            "s.serve_forever()\n")
+    srv = Server([sys.executable, "-c", code, str(port)], dict(os.environ), tmp_path / "sglang.log",
+                 f"http://127.0.0.1:{port}", listen=("127.0.0.1", port))
+    srv.start()
+    try:
+        assert srv.wait_ready(30) >= 1.0
+        assert srv.poll() is None  # not stopped
+    finally:
+        srv.stop(grace=5)

@@ -168,19 +168,18 @@ class Server:
                            f"read the log above (full log: {self.log_path})", SERVER_DIED_BEFORE_READY)
 
     def _port_lost(self) -> DflashError | None:
-        """SGLang logged a failed bind: when another program listens on its host:port, stop SGLang
-        (it would wait minutes for its own warm-up, asking that program) and name the holder."""
+        """SGLang logged a failed bind: when another program holds its host:port, stop SGLang (it
+        would wait minutes for its own warm-up, asking that program) and name the holder. None when
+        the port is free or SGLang's own listener holds it: the failed bind was another port's."""
         if self.listen is None:
             return None
         host, port = self.listen
         found = listen_check.foreign(host, port, self.pid)
-        if not found and listen_check.bind_problem(host, port) is None:
-            return None  # the port is free: the failed bind was another port's
-        self.stop(PORT_LOST_GRACE_S)
-        return listen_check.taken_error(
-            host, port, listen_check.bind_problem(host, port),
-            "it was free when serve started; SGLang loaded the model, then could not listen, and was stopped. "
-            f"Its log ends with:\n{_indent(self.log_tail(12))}", found)
+        problem = listen_check.bind_problem(host, port)
+        if not found and (problem is None or listen_check.listening_sockets(port, host=host)):
+            return None
+        return self._stop_naming(found, problem, "it was free when serve started; SGLang loaded the model, then "
+                                 f"could not listen, and was stopped. Its log ends with:\n{_indent(self.log_tail(12))}")
 
     def _ours_answered(self, took: float) -> float:
         """Ready, unless another program listens on SGLang's host:port: then it may be what answered
@@ -191,11 +190,14 @@ class Server:
         found = listen_check.foreign(host, port, self.pid)
         if not found:
             return took
+        raise self._stop_naming(found, listen_check.bind_problem(host, port),
+                                f"the readiness requests to {self.base_url} may have been answered by it, "
+                                "not by this instance's SGLang, which was stopped")
+
+    def _stop_naming(self, found: list, problem: OSError | None, consequence: str) -> DflashError:
         self.stop(PORT_LOST_GRACE_S)
-        raise listen_check.taken_error(
-            host, port, listen_check.bind_problem(host, port),
-            f"the readiness requests to {self.base_url} may have been answered by it, not by this "
-            "instance's SGLang, which was stopped", found)
+        host, port = self.listen
+        return listen_check.taken_error(host, port, problem, consequence, found)
 
     def _request(self, path: str, result: dict, timeout: float, body: dict | None = None) -> None:
         """GET `path`, or POST `body` as JSON to it; result["ok"] on a 200."""
