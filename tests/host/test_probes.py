@@ -52,6 +52,24 @@ def test_preflight_on_a_host_without_the_stack_fails_on_the_root_cause():
     assert all(c.exit_code in errors.NO_RESTART for c in checks if c.status == "fail")
 
 
+def test_the_preflights_two_parts_split_its_checks_in_order():
+    """serve reads the checks SGLang must not start without, then the stack's (service/preflight.py):
+    together they are the whole preflight, in its root-cause order, each check once."""
+    import json
+    from pathlib import Path
+    answers = json.loads((Path(__file__).parent.parent / "data" / "service" / "h200-probes.json").read_text())
+    for grammar in ("xgrammar", "none"):
+        whole = [c.name for c in probes.preflight_checks(answers, grammar, "DFLASH")]
+        first = probes.preflight_checks(answers, grammar, "DFLASH", only=probes.BEFORE_START)
+        beside = probes.preflight_checks(answers, grammar, "DFLASH", leave_out=probes.BEFORE_START)
+        assert [c.name for c in first + beside] == whole
+        assert [c.name for c in first] == ["driver", "libcuda", "libnuma"]
+        wanted = probes.preflight_probes(grammar, "DFLASH")
+        assert probes.probe_keys(wanted, probes.BEFORE_START) == ["driver", "libcuda", "libnuma"]
+    # what gates SGLang's start reads no module of the stack: no probe of it imports torch
+    assert {probes.preflight_probes("none", None)[k][0] for k in probes.BEFORE_START} == {"driver", "native"}
+
+
 def test_preflight_refuses_an_unknown_grammar_backend():
     try:
         probes.preflight("regexy", None)

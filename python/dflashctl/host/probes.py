@@ -214,19 +214,46 @@ def run_probes(python: str, wanted: dict[str, tuple[str, str]], timeout: float =
     """Run probes all at once (as memory allows): {key: (probe, arg)} -> {key: result}. Interrupted
     (Ctrl-C, SIGTERM), the probes still running are killed: each leads its own session, so nothing
     else would stop them, and the pool would wait for them before the interruption is reported."""
-    workers = probe_slots(len(wanted), available_memory())
-    pool, children = ThreadPoolExecutor(max_workers=workers), Children()
+    run = ProbeRun(python, wanted, timeout, env, background)
     try:
-        futures = {key: pool.submit(run_probe, python, probe, arg, timeout, env, background, children)
-                   for key, (probe, arg) in wanted.items()}
-        wait_awake(futures.values())
-        return {key: f.result() for key, f in futures.items()}
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        children.stop()
-        raise
+        return run.results()
     finally:
-        pool.shutdown(wait=True)
+        run.close()
+
+
+class ProbeRun:
+    """Probes started all at once (as memory allows, in the order given), read as they finish: a
+    caller may wait for some of them (serve: those SGLang must not start without) while the others
+    go on. Interrupted while waiting, or stopped, the probes still running are killed."""
+
+    def __init__(self, python: str, wanted: dict[str, tuple[str, str]], timeout: float = 20.0,
+                 env: dict | None = None, background: bool = False):
+        self._pool = ThreadPoolExecutor(max_workers=probe_slots(len(wanted), available_memory()))
+        self._children = Children()
+        self._futures = {key: self._pool.submit(run_probe, python, probe, arg, timeout, env, background,
+                                                self._children)
+                         for key, (probe, arg) in wanted.items()}
+
+    def done(self, keys=None) -> bool:
+        return all(self._futures[k].done() for k in (self._futures if keys is None else keys))
+
+    def results(self, keys=None) -> dict[str, dict]:
+        """{key: result} for `keys` (default all), once each has finished."""
+        futures = {k: self._futures[k] for k in (self._futures if keys is None else keys)}
+        try:
+            wait_awake(futures.values())
+        except BaseException:
+            self.stop()
+            raise
+        return {k: f.result() for k, f in futures.items()}
+
+    def stop(self) -> None:
+        """Kill what still runs, without waiting for it."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._children.stop()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 def wait_awake(futures) -> None:
@@ -504,22 +531,53 @@ def preflight_probes(grammar_backend: str, algorithm: str | None) -> dict[str, t
     return wanted
 
 
+# What SGLang must not start without: the driver and the native libraries CUDA loads, read without
+# CUDA (NVML, dlopen) in a fraction of a second. The other preflight probes import the stack (torch
+# and sgl_kernel take about 2 s): serve reads them beside SGLang's own imports (service/preflight.py).
+BEFORE_START = ("driver", "libcuda", "libnuma")
+
+
 def preflight_checks(results: dict, grammar_backend: str, algorithm: str | None,
-                     stack: Stack = NO_LOCK) -> list[Check]:
-    """In root-cause order: the driver before torch, torch before what is built on it."""
+                     stack: Stack = NO_LOCK, only: tuple[str, ...] | None = None,
+                     leave_out: tuple[str, ...] = ()) -> list[Check]:
+    """In root-cause order: the driver before torch, torch before what is built on it. `only` and
+    `leave_out` pick checks by their probe's key ("grammar" for the grammar backend's)."""
     grammar = f"grammar:{grammar_backend}"
-    return [check_driver(results["driver"]), check_native("libcuda.so.1", results["libcuda"]),
-            check_native("libnuma.so.1", results["libnuma"]), check_torch(results["torch"], stack),
-            check_sgl_kernel(results["sgl_kernel"], stack),
-            check_grammar(grammar_backend, results.get(grammar), stack=stack),
-            check_soundfile(results["soundfile"], stack), check_sglang(results["sglang"], algorithm, stack)]
+    checks = {"driver": lambda: check_driver(results["driver"]),
+              "libcuda": lambda: check_native("libcuda.so.1", results["libcuda"]),
+              "libnuma": lambda: check_native("libnuma.so.1", results["libnuma"]),
+              "torch": lambda: check_torch(results["torch"], stack),
+              "sgl_kernel": lambda: check_sgl_kernel(results["sgl_kernel"], stack),
+              "grammar": lambda: check_grammar(grammar_backend, results.get(grammar), stack=stack),
+              "soundfile": lambda: check_soundfile(results["soundfile"], stack),
+              "sglang": lambda: check_sglang(results["sglang"], algorithm, stack)}
+    return [build() for key, build in checks.items()
+            if (only is None or key in only) and key not in leave_out]
+
+
+def probe_keys(wanted: dict, checks: tuple[str, ...]) -> list[str]:
+    """The probes behind checks named as preflight_checks names them."""
+    return [k for k in wanted if k.split(":")[0] in checks]
+
+
+def start_preflight(grammar_backend: str, speculative_algorithm: str | None, python: str = sys.executable,
+                    timeout: float = 60.0, env: dict | None = None) -> ProbeRun:
+    """The preflight's probes, started; those SGLang must not start without first in line."""
+    if grammar_backend not in sglang_0_5_11.GRAMMAR_BACKEND_CHOICES:
+        raise errors.DflashError(f"unknown grammar backend {grammar_backend!r}", "",
+                                 f"use one of {', '.join(GRAMMAR_BACKENDS)}, none", errors.CONFIG)
+    wanted = preflight_probes(grammar_backend, speculative_algorithm)
+    first = probe_keys(wanted, BEFORE_START)
+    ordered = {k: wanted[k] for k in first} | {k: v for k, v in wanted.items() if k not in first}
+    return ProbeRun(python, ordered, timeout, env)
 
 
 def preflight(grammar_backend: str, speculative_algorithm: str | None, python: str = sys.executable,
               timeout: float = 60.0, stack: Stack = NO_LOCK, env: dict | None = None) -> list[Check]:
-    """What `serve` checks before it starts SGLang: each failure is one that would kill it later."""
-    if grammar_backend not in sglang_0_5_11.GRAMMAR_BACKEND_CHOICES:
-        raise errors.DflashError(f"unknown grammar backend {grammar_backend!r}", "",
-                                 f"use one of {', '.join(GRAMMAR_BACKENDS)}, none", errors.CONFIG)
-    results = run_probes(python, preflight_probes(grammar_backend, speculative_algorithm), timeout, env)
+    """What `serve` checks before it starts SGLang, all at once: each failure is one that would kill it later."""
+    run = start_preflight(grammar_backend, speculative_algorithm, python, timeout, env)
+    try:
+        results = run.results()
+    finally:
+        run.close()
     return preflight_checks(results, grammar_backend, speculative_algorithm, stack)
