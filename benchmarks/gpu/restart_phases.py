@@ -33,7 +33,7 @@ sys.path[:0] = [str(REPO / "python"), str(Path(__file__).resolve().parent)]
 import two_instances  # noqa: E402
 
 from dflashctl.host import gpus, probes  # noqa: E402
-from dflashctl.service import config, gpu_claim, serve  # noqa: E402
+from dflashctl.service import config, gpu_claim, preflight  # noqa: E402
 from dflashctl.service.child_env import child_env  # noqa: E402
 from dflashctl.smoke import oracle  # noqa: E402
 
@@ -56,8 +56,9 @@ def preflight_steps(path: Path, python: str, reps: int) -> dict:
     out = {}
     out["child_env"] = timed(lambda: child_env(cfg, python, env, None), reps)
     cenv = child_env(cfg, python, env, None).env
-    out["probe_checks"] = timed(lambda: serve.probe_checks(cfg, python, cenv), reps)
-    out["model_checks"] = timed(lambda: serve.model_checks(cfg, python, cenv, str(path)), reps)
+    out["probe_checks"] = timed(lambda: probes.preflight(cfg.grammar_backend, cfg.speculative.algorithm,
+                                                          python=python, env=cenv), reps)
+    out["model_checks"] = timed(lambda: preflight.model_checks(cfg, python, cenv, str(path)), reps)
     out["gpu_claim"] = timed(lambda: gpu_claim.preflight_checks(cfg, python, cenv), reps)
     out["nvml_read"] = timed(lambda: gpus.read(python, gpus.LIBRARY, 20.0, cenv), reps)
     wanted = probes.preflight_probes(cfg.grammar_backend, cfg.speculative.algorithm)

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from dflashctl.host import cuda_home, probes
-from dflashctl.service.serve import jit_toolchain_warnings
+from dflashctl.service.preflight import jit_toolchain_warnings
 
 
 def stack(tmp_path: Path, with_nvcc: bool = True, other_root: Path | None = None) -> str:

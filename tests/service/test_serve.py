@@ -191,7 +191,7 @@ def _tool(directory: Path, name: str) -> None:
 
 
 def test_jit_toolchain_found_on_path_or_cuda_home(tmp_path):
-    from dflashctl.service.serve import jit_toolchain_warnings
+    from dflashctl.service.preflight import jit_toolchain_warnings
     bin_dir = tmp_path / "bin"
     for name in ("nvcc", "c++"):
         _tool(bin_dir, name)
@@ -203,7 +203,7 @@ def test_jit_toolchain_found_on_path_or_cuda_home(tmp_path):
 
 
 def test_jit_toolchain_names_each_missing_tool(tmp_path):
-    from dflashctl.service.serve import jit_toolchain_warnings
+    from dflashctl.service.preflight import jit_toolchain_warnings
     empty = tmp_path / "empty"
     empty.mkdir()
     [w] = jit_toolchain_warnings({"PATH": str(empty), "CUDA_HOME": str(tmp_path / "nocuda"),

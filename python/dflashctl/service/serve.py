@@ -2,10 +2,12 @@
 
 Order: settings (exit CONFIG) -> the instance's host:port can be listened on (exit PORT_TAKEN,
 naming the program that holds it; also when SGLang's own bind fails later, or another program's
-answers would have passed for readiness: service/listen_check.py) -> preflight probes in child processes, the model pair's files and
-the GPUs' health and memory, before any weights load (every failure listed with its fix; exit with
-the first one's code, a faulty GPU's first) -> SGLang in its own process group, its GPUs watched
-(host/gpu_watch.py) -> /health_generate answers -> READY=1; a start that stops making progress
+answers would have passed for readiness: service/listen_check.py) -> the preflight's checks that
+SGLang must not start without (driver, native libraries, the model pair's files, the GPUs' health and
+memory; every failure listed with its fix; exit with the first one's code, a faulty GPU's first) ->
+SGLang in its own process group, its GPUs watched (host/gpu_watch.py), the preflight's stack checks
+beside its start (a failure stops it: service/preflight.py) -> a real decode and those checks
+passed -> READY=1; a start that stops making progress
 (no log output, no GPU memory change for stallTimeoutSec) is stopped and reported (exit
 SERVER_STALLED). A child that dies, before or after ready, is reported at once with its log's tail;
 a GPU that fails (a critical XID, lost, new uncorrected ECC errors) stops SGLang and names the GPU
@@ -16,20 +18,18 @@ are on our way out.
 import json
 import os
 import shlex
-import shutil
 import signal
 import sys
 import tempfile
 from pathlib import Path
 
 from dflashctl import cli_help, inputs, output
-from dflashctl.errors import (CONFIG, OK, PREFLIGHT_GPU_FAULT, PREFLIGHT_MODEL_MISSING, PREFLIGHT_SGLANG,
+from dflashctl.errors import (CONFIG, OK, PREFLIGHT_GPU_FAULT, PREFLIGHT_MODEL_MISSING,
                               SERVER_DIED_AFTER_READY, SERVER_DIED_BEFORE_READY, SERVER_GPU_FAILED, USAGE,
                               DflashError)
 from dflashctl.host import gpus, hub_cache, interpreter
 from dflashctl.host.gpu_watch import GpuFailure, GpuWatch
-from dflashctl.lock import locate
-from dflashctl.service import config, gpu_claim, listen_check, model_check, sdnotify, sglang_args, unit_text
+from dflashctl.service import config, gpu_claim, listen_check, preflight, sdnotify, sglang_args, unit_text
 from dflashctl.service.child_env import child_env as sglang_child_env
 from dflashctl.service.child_env import settings_env
 from dflashctl.service.server import KILL_WAIT_S, Server, _describe, _indent
@@ -41,6 +41,7 @@ API_KEY_CREDENTIAL, HF_TOKEN_CREDENTIAL = "api-key", "hf-token"
 LAUNCHER_ENV = "DFLASHCTL_SGLANG_LAUNCHER"  # for tests: replaces `python -m sglang.launch_server`
 STOP_GRACE_S = 30.0  # below the unit's TimeoutStopSec, so our SIGKILL comes before systemd's
 GPU_FAILED_GRACE_S = 5.0  # SIGTERM to SIGKILL once its GPU failed: nothing is left to drain
+PREFLIGHT_FAILED_GRACE_S = 5.0  # and once a check beside its start failed: it has served nothing
 DEATH_CAUSE_WAIT_S = 1.5  # SGLang died: the GPU watch's next reading (once a second) may name the cause
 
 
@@ -116,99 +117,6 @@ def check_models_cached(cfg: config.InstanceConfig, child_env: dict[str, str], c
     say("preflight: models are in the cache (offline)")
 
 
-def probe_checks(cfg: config.InstanceConfig, python: str, child_env: dict[str, str]) -> list:
-    """The environment's probes (torch, sgl_kernel, grammar backend, soundfile, libraries, driver)."""
-    try:
-        from dflashctl.host import fingerprint, probes
-    except ImportError as e:
-        raise DflashError("dflashctl's preflight probes are missing", str(e),
-                          "reinstall dflashctl; `--skip-preflight` starts without them", PREFLIGHT_SGLANG)
-    return probes.preflight(cfg.grammar_backend, cfg.speculative.algorithm, python=python,
-                            stack=fingerprint.stack_of_lock(lock_path(), python), env=child_env)
-
-
-def lock_path() -> Path | None:
-    """The lock whose versions the fixes name (None: the fixes say "the version the lock pins")."""
-    return locate.find().path
-
-
-def model_checks(cfg: config.InstanceConfig, python: str, child_env: dict[str, str],
-                 config_path: str) -> list:
-    """The target and its drafter, read where SGLang will load them (service/model_check.py), and
-    their weights against the GPUs' memory."""
-    found = model_check.check(cfg, child_env, config_path)
-    return found.checks + model_check.memory_checks(cfg, found.weight_bytes, python, child_env)
-
-
-# Each step: (settings, python, child env, settings file) -> list of probes.Check. Every step runs,
-# whatever the others found, so one start names every problem; the first failure's code is the exit
-# status.
-PREFLIGHT_STEPS = [lambda cfg, python, env, path: probe_checks(cfg, python, env),
-                   model_checks,
-                   # last: busy GPUs may free up
-                   lambda cfg, python, env, path: gpu_claim.preflight_checks(cfg, python, env)]
-STATUS_LIMIT = 3500  # the list of failures in STATUS=; sdnotify keeps it under systemd's datagram size
-
-
-def preflight(cfg: config.InstanceConfig, python: str, child_env: dict[str, str],
-              config_path: str = "<the settings file>") -> None:
-    for w in jit_toolchain_warnings(child_env):
-        say(f"preflight warning: {w}")
-    say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver, "
-        "the model pair, GPU health and memory")
-    checks = [c for step in PREFLIGHT_STEPS for c in step(cfg, python, child_env, config_path)]
-    for c in checks:
-        if c.status == "warn":
-            say(f"preflight warning: {c.name}: {c.summary}")
-    # A faulty GPU explains what fails after it (torch sees no GPU, sgl_kernel does not load): first.
-    failed = sorted((c for c in checks if c.status == "fail"), key=lambda c: c.exit_code != PREFLIGHT_GPU_FAULT)
-    if failed:
-        raise preflight_failure(failed, len(checks), python)
-    say(f"preflight: {len(checks)} checks passed")
-
-
-def preflight_failure(failed: list, total: int, python: str) -> DflashError:
-    """Every failure with its fix, in the unit's status and the log; the first one's exit code."""
-    doctor = f"dflashctl doctor --python {python}"
-    head = f"preflight: {len(failed)} of {total} checks failed; SGLang was not started"
-    items = [f"{i}. {c.name}: {c.summary}\n   fix: {c.fix}" for i, c in enumerate(failed, 1)]
-    listed = f"{head} (evidence: {doctor}): " + " | ".join(items)
-    sdnotify.status(listed, limit=STATUS_LIMIT)
-    err = DflashError(head, "in root-cause order:\n" + _indent("\n".join(items)),
-                      f"fix them in this order (the first is the likeliest root cause); `{doctor}` "
-                      "shows every check with its evidence", failed[0].exit_code)
-    err.status = listed  # what run() leaves in StatusText: every failure with its fix
-    return err
-
-
-def jit_toolchain_warnings(env: dict[str, str]) -> list[str]:
-    """What SGLang's first start compiles with, looked up as tvm-ffi and flashinfer do, in the child's env.
-
-    Their JIT kernels are built with nvcc (CUDA_HOME/CUDA_PATH, else nvcc on PATH, else
-    /usr/local/cuda; cuda_home.provide points CUDA_HOME at the stack's own nvcc wheels) and the host
-    compiler `c++` (or CXX). SGLang 0.5.11 sets the GPU architecture itself (TVM_FFI_CUDA_ARCH_LIST
-    from torch), so nvidia-smi is not needed. A missing tool only shows after the weights have
-    loaded, so say it now. A warning, not a failure: a host may set these up in ways this cannot see.
-    """
-    path = env.get("PATH", os.defpath)
-    missing = []
-    cuda_home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
-    if cuda_home:
-        if not os.access(Path(cuda_home, "bin", "nvcc"), os.X_OK):
-            missing.append(f"nvcc (CUDA_HOME={cuda_home} has no bin/nvcc)")
-    elif not shutil.which("nvcc", path=path) and not os.access("/usr/local/cuda/bin/nvcc", os.X_OK):
-        missing.append("nvcc (not on PATH, no CUDA_HOME, no /usr/local/cuda)")
-    cxx = env.get("CXX", "c++")
-    if not shutil.which(cxx, path=path):
-        missing.append(f"the C++ compiler {cxx!r}")
-    if not missing:
-        return []
-    return [f"SGLang compiles its JIT kernels at the first start (nvcc, c++; about a minute), but "
-            f"{'; '.join(missing)} cannot be found with PATH={path}: the start will fail after the "
-            "weights load. Install the locked stack (its nvidia-cuda-nvcc wheel provides nvcc) and "
-            "gcc/g++ on the host, or set CUDA_HOME, CXX or PATH in the instance's environment"]
-
-
 def launch_argv(cfg: config.InstanceConfig, python: str, api_key: str | None,
                 launcher: str | None) -> list[str]:
     argv = sglang_args.build_argv(cfg, python, api_key)
@@ -280,7 +188,7 @@ def run(args) -> int:
         # ("preflight: checking ...") next to the failed unit.
         listed = getattr(e, "status", None)
         if listed:
-            sdnotify.status(f"failed (exit {e.exit_code}): {listed}", limit=STATUS_LIMIT)
+            sdnotify.status(f"failed (exit {e.exit_code}): {listed}", limit=preflight.STATUS_LIMIT)
         else:
             sdnotify.status(failure_status(e), limit=STATUS_FAILURE_LIMIT)
         raise
@@ -314,15 +222,17 @@ def _run(args) -> int:
     child_env = child.env
     check_models_cached(cfg, child_env, args.config)  # a file check: kept with --skip-preflight
     listen_check.check_listen(cfg.host, cfg.port)  # a socket's bind: kept too
-    if not args.skip_preflight:
-        preflight(cfg, args.python, child_env, args.config)
+    pre = None
+    if not args.skip_preflight:  # what SGLang must not start without; the stack's imports go on beside it
+        pre = preflight.Preflight(cfg, args.python, child_env, args.config, say)
+        pre.before_start()
     server = Server(launch_argv(cfg, args.python, api_key, args.launcher),
                     child_env, Path(args.log_file or default_log_path(cfg, env)),
                     cfg.base_url, api_key, echo=sys.stderr, listen=(cfg.host, cfg.port))
     _rotate(server.log_path)
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return _supervise(cfg, server, args.python)
+        return _supervise(cfg, server, args.python, pre)
     except _Stop as stop:
         sdnotify.notify("STOPPING=1")
         say(f"got {signal.Signals(stop.signum).name}; stopping SGLang (process group {server.pid})")
@@ -343,38 +253,50 @@ def _run(args) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if pre is not None:
+            pre.stop()  # probes still running when the start ended another way
         if server.proc is not None:
             server.stop(STOP_GRACE_S)  # no orphans, whatever ended the supervision
 
 
-def _supervise(cfg: config.InstanceConfig, server: Server, python: str) -> int:
+def _supervise(cfg: config.InstanceConfig, server: Server, python: str, pre: preflight.Preflight | None) -> int:
     indices = gpu_claim.instance_gpus(cfg, server.env)
     watch = GpuWatch(python, indices, server.env, on_note=lambda text: say(f"GPU watch: {text}"),
                      on_state=say)
     try:
         watch.start()  # inside: a stop that comes while it starts must still stop it
-        return _serve(cfg, server, python, watch, indices)
+        return _serve(cfg, server, python, watch, indices, pre)
     finally:
         watch.stop()
 
 
-def _serve(cfg: config.InstanceConfig, server: Server, python: str, watch: GpuWatch, indices: list[int]) -> int:
+def _serve(cfg: config.InstanceConfig, server: Server, python: str, watch: GpuWatch, indices: list[int],
+           pre: preflight.Preflight | None) -> int:
     say(f"starting SGLang for {cfg.model} on {cfg.base_url} (log: {server.log_path})")
     server.start()
     gpu = None
     if cfg.stall_timeout_sec:  # GPU memory that grows is start-up progress too (service/stall.py)
         gpu = GpuMemory(lambda: gpus.read(python, timeout=10.0, env=server.env), indices).start()
 
-    def gpu_failed_error() -> DflashError | None:
-        return gpu_failed(server, watch.failure, "while starting") if watch.failure else None
+    def stop_error() -> DflashError | None:
+        if watch.failure:
+            return gpu_failed(server, watch.failure, "while starting")
+        failed = pre.failed_beside() if pre is not None else None
+        return preflight_failed(server, failed, python) if failed else None
     try:
         took = server.wait_ready(
             cfg.start_timeout_sec,
             on_progress=lambda t, line: sdnotify.status(f"loading ({t:.0f} s): {line}"),
-            stall_timeout=cfg.stall_timeout_sec, gpu=gpu, abort=gpu_failed_error)
+            stall_timeout=cfg.stall_timeout_sec, gpu=gpu, abort=stop_error)
+        failed = pre.finish() if pre is not None else None  # no READY=1 before the stack's checks pass
+        if failed:
+            raise preflight_failed(server, failed, python)
     except DflashError as e:
-        if e.exit_code == SERVER_DIED_BEFORE_READY and watch.wait_failure(DEATH_CAUSE_WAIT_S):
-            raise gpu_failed(server, watch.failure, "while starting") from None
+        if e.exit_code == SERVER_DIED_BEFORE_READY:
+            if pre is not None and (failed := pre.finish()):  # the import SGLang died of, named
+                raise preflight_failed(server, failed, python) from None
+            if watch.wait_failure(DEATH_CAUSE_WAIT_S):
+                raise gpu_failed(server, watch.failure, "while starting") from None
         raise
     finally:
         if gpu is not None:
@@ -406,6 +328,16 @@ def gpu_failed(server: Server, failure: GpuFailure, when: str) -> DflashError:
                       f"(exit {PREFLIGHT_GPU_FAULT}) until it is healthy again", SERVER_GPU_FAILED)
     err.status = f"{err.what}; fix: {err.fix}"  # run() leaves this in StatusText, not cut to one line's length
     return err
+
+
+def preflight_failed(server: Server, checks: list, python: str) -> DflashError:
+    """A check of the stack, run beside SGLang's start, failed: stop SGLang (it would fail the same
+    way, or serve from a broken stack) and report every check as a preflight that failed before it."""
+    died = server.proc.poll()
+    rc = died if died is not None else server.stop(PREFLIGHT_FAILED_GRACE_S)
+    what = ("SGLang, started beside the stack's checks, " + (f"had exited with status {_describe(rc)}" if died is not None
+            else "was stopped" if rc is not None else "did not exit (stuck in the driver)"))
+    return preflight.failure(checks, python, what)
 
 
 def _rotate(log: Path) -> None:
