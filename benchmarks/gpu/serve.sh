@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # `dflashctl serve` on a GPU host, as systemd would run it, twice:
 #   refused: xgrammar 0.1.10 in front of PYTHONPATH (prepare_wrong_xgrammar.sh): preflight must exit
-#            82 (PREFLIGHT_GRAMMAR) within seconds, before SGLang starts;
+#            82 (PREFLIGHT_GRAMMAR) within seconds, before any weights load (the grammar check is one of
+#            the stack's, run beside SGLang's start: SGLang is stopped, nothing of it left);
 #   served:  the synthetic DFLASH pair with grammarBackend xgrammar, a real NOTIFY_SOCKET: READY=1
 #            must come only after a real decode; a /generate must then decode; SIGTERM must stop it.
 # Run from the repo root (the script sets the stack up: benchmarks/README.md); writes serve-*.txt/json into $OUT.
-# SERVE_ONLY=1: the served instance alone (no prepared .gpu/wrong-xgrammar needed).
+# SERVE_ONLY=1: the served instance alone (no prepared .gpu/wrong-xgrammar needed); REFUSED_ONLY=1: the
+# refused one alone.
 set -uo pipefail
 OUT=${OUT:-/tmp/serve-out}; mkdir -p "$OUT"
 source "$(dirname "$0")/common.sh"
@@ -38,7 +40,9 @@ if [ "${SERVE_ONLY:-0}" != 1 ]; then
   rc=$?
   echo "refused: exit $rc after $(( $(ms) - t0 )) ms" >>"$OUT/serve-summary.txt"
   cat "$work/refused.log" >>"$OUT/serve-summary.txt"
+  sleep 1; echo "SGLang processes left: $(pgrep -af 'sglang.launch_server|sglang::' || echo none)" >>"$OUT/serve-summary.txt"
 fi
+if [ "${REFUSED_ONLY:-0}" = 1 ]; then cat "$OUT/serve-summary.txt"; exit 0; fi
 
 # 2. served, with a notify socket that timestamps every datagram
 python3 - "$work" >>"$OUT/serve-summary.txt" 2>&1 <<'PY'
