@@ -74,9 +74,8 @@ def test_ready_waits_for_the_stack_checks(serve, stack_python, tmp_path):
 
 
 def test_a_stack_check_failing_beside_the_start_stops_sglang_with_the_preflights_exit(serve, stack_python, tmp_path):
-    pids = tmp_path / "children.json"
-    proc = start(serve, stack_python, tmp_path, "healthy",
-                 {"torch": {**once_sglang_started(tmp_path, delay_s=0.5)["torch"], **TORCH_BROKEN}},
+    pids = tmp_path / "children.json"  # the stand-in writes it once its scheduler and detokenizer run
+    proc = start(serve, stack_python, tmp_path, "healthy", {"torch": {"wait_for": str(pids), **TORCH_BROKEN}},
                  listen_after=30, child_pidfile=pids)
     _, err = proc.communicate(timeout=NEVER)
     assert proc.returncode == errors.PREFLIGHT_TORCH, err
@@ -85,16 +84,16 @@ def test_a_stack_check_failing_beside_the_start_stops_sglang_with_the_preflights
     said = statuses(proc)
     assert "READY=1" not in said
     assert said[-1].startswith(f"STATUS=failed (exit {errors.PREFLIGHT_TORCH}): preflight: 1 of "), said[-1]
-    children = json.loads(pids.read_text()) if pids.exists() else {}
-    assert gone(list(children.values())), children  # scheduler and detokenizer too
+    children = json.loads(pids.read_text())
+    assert len(children) == 2 and gone(list(children.values())), children  # scheduler and detokenizer too
 
 
 def test_sglang_dying_of_what_a_stack_check_finds_is_reported_as_that_check(serve, stack_python, tmp_path):
-    """SGLang's own import fails first (the stand-in exits 3); the torch probe, a second later, says
-    why: serve reports the check, not a bare death."""
-    proc = start(serve, stack_python, tmp_path, "crash",
-                 {"torch": {**once_sglang_started(tmp_path, delay_s=1.5)["torch"], **TORCH_BROKEN}},
-                 ready_after=0.1)
+    """SGLang's own import fails first (the stand-in logs an ImportError and exits 3); the torch
+    probe, answering once that line is in SGLang's log, says why: serve reports the check, not a bare
+    death."""
+    died = {"wait_for": str(tmp_path / "sglang.log"), "containing": "standin: ImportError", "delay_s": 0.3}
+    proc = start(serve, stack_python, tmp_path, "crash", {"torch": {**died, **TORCH_BROKEN}}, ready_after=0.1)
     _, err = proc.communicate(timeout=NEVER)
     assert proc.returncode == errors.PREFLIGHT_TORCH, err
     assert "SGLang, started beside the stack's checks, had exited with status 3" in err, err

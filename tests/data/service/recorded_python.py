@@ -4,8 +4,9 @@ so preflight passes without a GPU. Probes it has no answer for run for real, `gp
 (NVML at the path given; tests point it at tests/data/gpus/fake_nvml.c built as libnvidia-ml.so.1).
 
 RECORDED_PROBES_CHANGED=FILE changes answers for one test: {key: fields laid over the recorded answer}, which may hold
-"wait_for": PATH (answer once that file exists, as a probe slower than SGLang's start would; after
-30 s a failure saying it never came) and "delay_s": seconds to wait after that."""
+"wait_for": PATH (answer once that file exists, and holds "containing": TEXT if given, as a probe slower
+than SGLang's start would; after 30 s a failure saying it never came) and "delay_s": seconds to wait
+after that."""
 
 import json
 import os
@@ -22,9 +23,16 @@ changed = os.environ.get("RECORDED_PROBES_CHANGED")
 for k, v in (json.loads(Path(changed).read_text()) if changed else {}).items():
     answers[k] = {**answers.get(k, {}), **v}
 answer = answers.get(key, {})
+def came(path: str, text: str | None) -> bool:
+    try:
+        return text in Path(path).read_text(errors="replace") if text else os.path.exists(path)
+    except OSError:
+        return False
+
+
 if "wait_for" in answer:
     for _ in range(300):
-        if os.path.exists(answer["wait_for"]):
+        if came(answer["wait_for"], answer.get("containing")):
             break
         time.sleep(0.1)
     else:
@@ -32,4 +40,4 @@ if "wait_for" in answer:
 time.sleep(answer.get("delay_s", 0))
 if key not in answers:
     os.execv(sys.executable, [sys.executable, "-c", source, probe, arg])
-print(json.dumps({k: v for k, v in answer.items() if k not in ("wait_for", "delay_s")}))
+print(json.dumps({k: v for k, v in answer.items() if k not in ("wait_for", "containing", "delay_s")}))
