@@ -214,11 +214,13 @@ def run_probes(python: str, wanted: dict[str, tuple[str, str]], timeout: float =
     """Run probes all at once (as memory allows): {key: (probe, arg)} -> {key: result}. Interrupted
     (Ctrl-C, SIGTERM), the probes still running are killed: each leads its own session, so nothing
     else would stop them, and the pool would wait for them before the interruption is reported."""
-    run = ProbeRun(python, wanted, timeout, env, background)
+    run = None
     try:
+        run = ProbeRun(python, wanted, timeout, env, background)
         return run.results()
     finally:
-        run.close()
+        if run is not None:
+            run.close()
 
 
 class ProbeRun:
@@ -230,9 +232,14 @@ class ProbeRun:
                  env: dict | None = None, background: bool = False):
         self._pool = ThreadPoolExecutor(max_workers=probe_slots(len(wanted), available_memory()))
         self._children = Children()
-        self._futures = {key: self._pool.submit(run_probe, python, probe, arg, timeout, env, background,
-                                                self._children)
-                         for key, (probe, arg) in wanted.items()}
+        self._futures: dict = {}
+        try:  # an interruption while they are handed out (the first ones run already) stops them too
+            for key, (probe, arg) in wanted.items():
+                self._futures[key] = self._pool.submit(run_probe, python, probe, arg, timeout, env, background,
+                                                       self._children)
+        except BaseException:
+            self.stop()
+            raise
 
     def done(self, keys=None) -> bool:
         return all(self._futures[k].done() for k in (self._futures if keys is None else keys))
