@@ -567,24 +567,22 @@ def probe_keys(wanted: dict, checks: tuple[str, ...]) -> list[str]:
     return [k for k in wanted if k.split(":")[0] in checks]
 
 
-def start_preflight(grammar_backend: str, speculative_algorithm: str | None, python: str = sys.executable,
-                    timeout: float = 60.0, env: dict | None = None) -> ProbeRun:
-    """The preflight's probes, started; those SGLang must not start without first in line."""
+PREFLIGHT_TIMEOUT_S = 60.0  # a probe of the stack's imports on a cold page cache
+
+
+def preflight_wanted(grammar_backend: str, speculative_algorithm: str | None) -> dict[str, tuple[str, str]]:
+    """The preflight's probes, those SGLang must not start without first in line (they get the
+    first slots when memory bounds how many run at once)."""
     if grammar_backend not in sglang_0_5_11.GRAMMAR_BACKEND_CHOICES:
         raise errors.DflashError(f"unknown grammar backend {grammar_backend!r}", "",
                                  f"use one of {', '.join(GRAMMAR_BACKENDS)}, none", errors.CONFIG)
     wanted = preflight_probes(grammar_backend, speculative_algorithm)
     first = probe_keys(wanted, BEFORE_START)
-    ordered = {k: wanted[k] for k in first} | {k: v for k, v in wanted.items() if k not in first}
-    return ProbeRun(python, ordered, timeout, env)
+    return {k: wanted[k] for k in first} | {k: v for k, v in wanted.items() if k not in first}
 
 
 def preflight(grammar_backend: str, speculative_algorithm: str | None, python: str = sys.executable,
-              timeout: float = 60.0, stack: Stack = NO_LOCK, env: dict | None = None) -> list[Check]:
+              timeout: float = PREFLIGHT_TIMEOUT_S, stack: Stack = NO_LOCK, env: dict | None = None) -> list[Check]:
     """What `serve` checks before it starts SGLang, all at once: each failure is one that would kill it later."""
-    run = start_preflight(grammar_backend, speculative_algorithm, python, timeout, env)
-    try:
-        results = run.results()
-    finally:
-        run.close()
+    results = run_probes(python, preflight_wanted(grammar_backend, speculative_algorithm), timeout, env)
     return preflight_checks(results, grammar_backend, speculative_algorithm, stack)

@@ -60,10 +60,10 @@ class Preflight:
         say("preflight: checking torch, sgl_kernel, grammar backend, soundfile, native libraries, driver, "
             "the model pair, GPU health and memory")
         self.stack = fingerprint.stack_of_lock(lock_path(), python)
-        wanted = probes.preflight_probes(cfg.grammar_backend, cfg.speculative.algorithm)
+        wanted = probes.preflight_wanted(cfg.grammar_backend, cfg.speculative.algorithm)
         self._first_keys = probes.probe_keys(wanted, probes.BEFORE_START)
         self._beside_keys = [k for k in wanted if k not in self._first_keys]
-        self.run = probes.start_preflight(cfg.grammar_backend, cfg.speculative.algorithm, python, env=child_env)
+        self.run = probes.ProbeRun(python, wanted, probes.PREFLIGHT_TIMEOUT_S, child_env)
         self._first: list = []  # the first part's probe checks
         self._others: list = []  # the model pair and the GPUs
         self._judged, self._failed = False, None  # the stack's checks: read yet; every check if one failed
