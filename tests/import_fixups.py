@@ -32,6 +32,42 @@ def print_highlight(html_content: str):
 '''
 
 
+# The lines promptReadiness looks for (overlays/fixups/sglang.nix), in functions of our own with the
+# shapes of http_server.py's two waits: a health handler that asks the scheduler for a token and
+# looks for an answer, and the warm-up's wait for the server to answer. Both read the clock and sleep
+# through the module's `time` and `asyncio`, which the tests replace with a virtual clock.
+SHAPED_HTTP_SERVER = '''import asyncio
+import time
+
+HEALTH_CHECK_TIMEOUT = 20
+
+
+class Scheduler:
+    answered_at = None  # when the answer to a health request comes back; None: never
+
+
+scheduler = Scheduler()
+
+
+async def health():
+    asked = time.time()
+    while time.time() < asked + HEALTH_CHECK_TIMEOUT:
+        await asyncio.sleep(1)
+        if scheduler.answered_at is not None and time.time() >= scheduler.answered_at:
+            return 200
+    return 503
+
+
+def wait_for_server(try_once):
+    for _ in range(120):
+        time.sleep(1)
+        if try_once():
+            return True
+    return False
+'''
+HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
+
+
 def sglang_post_install(patches: str = "[ ]", src: str = "null") -> str:
     expr = (f'let lib = import {REPO}/tests/nix/stub-nixpkgs/lib.nix; in ((import {REPO}/overlays/fixups/sglang.nix '
             f'{{ inherit lib; python = {{ sitePackages = "{SITE}"; interpreter = "python3.12"; }}; packages = {{ }}; '
@@ -52,14 +88,16 @@ def imported_names(block: str) -> dict[str, list[str]]:
 
 
 def shaped_sglang_site(tmp_path: Path) -> Path:
-    """A package of the shapes the fix-ups edit: utils.py's (above), __init__.py's around the published
-    block (the fix-up's own OLD text), and frontend modules that bind each name to an object of their
+    """A package of the shapes the fix-ups edit: utils.py's and http_server.py's (above), __init__.py's
+    around the published block (the fix-up's own OLD text), and frontend modules that bind each name to an object of their
     own and record their import."""
     site = tmp_path / "out" / SITE
     old = frontend_edit().old
     (site / "sglang/lang/backend").mkdir(parents=True)
     (site / "sglang/utils.py").write_text(SHAPED_UTILS)
     (site / "sglang/global_config.py").write_text("global_config = object()\n")
+    (site / "sglang/srt/entrypoints").mkdir(parents=True)
+    (site / HTTP_SERVER).write_text(SHAPED_HTTP_SERVER)
     init = ("from sglang.global_config import global_config\n" + old
             + 'Engine = "the package\'s own lazy Engine"\n'
             + f"__all__ = {sorted({n for names in imported_names(old).values() for n in names})!r}\n")

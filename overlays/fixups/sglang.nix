@@ -1,6 +1,7 @@
 # SGLang from the lock, patched, or swapped: overlay arguments sglangPatches, sglangPatchFlags
 # and sglangSrc (docs/nix.md shows DDTree as the example). The locked wheel also gets two imports
-# that a server never uses made lazy (lazyIPython and lazyFrontend below).
+# that a server never uses made lazy (lazyIPython and lazyFrontend below), and its two idle seconds
+# of readiness cut to 50 ms steps (promptReadiness).
 {
   lib,
   python,
@@ -26,7 +27,8 @@ let
   # moved the line) a missing text only warns.
   replace = if sglangPatches == [ ] then "--replace-fail" else "--replace-warn";
   # What to compile again: what the patches may have touched, or the edited files.
-  edited = if sglangPatches != [ ] then "sglang" else "sglang/utils.py sglang/__init__.py";
+  editedFiles = "sglang/utils.py sglang/__init__.py sglang/srt/entrypoints/http_server.py";
+  edited = if sglangPatches != [ ] then "sglang" else editedFiles;
   lazyIPython = lib.optionalString (sglangSrc == null) ''
     substituteInPlace $out/${python.sitePackages}/sglang/utils.py ${replace} '
     from IPython.display import HTML, display
@@ -107,6 +109,36 @@ let
         return value
     '
   '';
+  # Two waits in srt/entrypoints/http_server.py that sleep a whole second before they look, each
+  # paid by every start and every instance a rollout puts back (docs/benchmarks.md, issue 44):
+  # - /health and /health_generate (one handler; what the router polls before it admits a worker
+  #   and every healthCheckIntervalSec after) send the scheduler a one-token request, then sleep
+  #   1 s before they look for its answer, so no 200 comes sooner than a second: the router's
+  #   admission of a restarted instance took 1.26 s. The handler now looks every 50 ms: the same
+  #   answer (200 once anything came back from the scheduler since the request, 503 after
+  #   SGLANG_HEALTH_CHECK_TIMEOUT), as soon as it is known.
+  # - the warm-up thread, started before the HTTP server listens, sleeps 1 s before each try of
+  #   /model_info (120 tries), so SGLang's own warm-up request, and its "fired up" line, come about
+  #   a second after the server listens. It now tries every 50 ms until the same 120 s have passed
+  #   (a /model_info that hangs each try for its 5 s timeout ends the wait at about 125 s, not 120
+  #   tries of 6 s).
+  promptReadiness = lib.optionalString (sglangSrc == null) ''
+    substituteInPlace $out/${python.sitePackages}/sglang/srt/entrypoints/http_server.py ${replace} '
+            await asyncio.sleep(1)
+    ' '
+            await asyncio.sleep(0.05)  # dflash fix-up: looks for the answer every 50 ms, not after 1 s
+    '
+    substituteInPlace $out/${python.sitePackages}/sglang/srt/entrypoints/http_server.py ${replace} '
+        for _ in range(120):
+            time.sleep(1)
+    ' '
+        deadline = time.monotonic() + 120  # dflash fix-up: the same 120 s, tried every 50 ms
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+    '
+  '';
+  # The locked wheel's own edits, in this order, after any sglangPatches.
+  edits = lazyIPython + lazyFrontend + promptReadiness;
 in
 prev:
 lib.optionalAttrs isWheel {
@@ -167,11 +199,11 @@ lib.optionalAttrs isWheel {
     );
   }
 )
-// lib.optionalAttrs (sglangPatches != [ ] || lazyIPython != "" || lazyFrontend != "") {
+// lib.optionalAttrs (sglangPatches != [ ] || edits != "") {
   # A wheel has no source tree to patch, so the installed files are patched; upstream patches
   # say a/python/sglang/..., installed files are sglang/..., hence the default -p2. The patches
   # go first (they are made against upstream's text), then the import fix-ups (lazyIPython,
-  # lazyFrontend).
+  # lazyFrontend) and promptReadiness.
   postInstall =
     (prev.postInstall or "")
     + lib.optionalString (sglangPatches != [ ]) ''
@@ -182,8 +214,7 @@ lib.optionalAttrs isWheel {
       done
       popd >/dev/null
     ''
-    + lazyIPython
-    + lazyFrontend
+    + edits
     + ''
       # Byte code compiled before these edits would be stale; rebuild it from the edited files.
       pushd $out/${python.sitePackages} >/dev/null

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO, nix_or_skip
 from fixup_shell import locked_wheel, run_script, unpack
-from import_fixups import (check_import_moved, QUANTIZER, before_and_after, imports_at_module_level, parse, run_recording, shaped_sglang_site,
+from import_fixups import (check_import_moved, HTTP_SERVER, QUANTIZER, before_and_after, imports_at_module_level, parse, run_recording, shaped_sglang_site,
                            shaped_transformers_site as shaped_site, transformers_post_install as post_install)
 from nixeval import nix_env
 
@@ -71,8 +71,8 @@ def test_the_locked_quantizer_no_longer_imports_torchao_when_imported(tmp_path):
 
 
 def test_the_gpu_benchmarks_make_the_builds_edits(tmp_path):
-    """benchmarks/gpu/prepare_fixups.sh writes both import fix-ups' scripts as Nix evaluates them, and
-    common.sh's stack_fixups makes on the GPU machine's unpacked wheels exactly the edits the build
+    """benchmarks/gpu/prepare_fixups.sh writes sglang's and transformers' fix-up scripts as Nix evaluates
+    them, and common.sh's stack_fixups makes on the GPU machine's unpacked wheels exactly the edits the build
     makes, keeping each published file beside it (what faststart.sh's imports step alternates)."""
     nix_or_skip()
     built = shaped_site(tmp_path / "built")
@@ -94,7 +94,7 @@ def test_the_gpu_benchmarks_make_the_builds_edits(tmp_path):
                              capture_output=True, text=True, timeout=120)
     assert applied.returncode == 0, applied.stderr
     edited = sorted(Path(p).relative_to(bench) for p in (bench / ".fixups-edited").read_text().split())
-    assert [str(p) for p in edited] == ["sglang/__init__.py", "sglang/utils.py", QUANTIZER]
+    assert [str(p) for p in edited] == ["sglang/__init__.py", HTTP_SERVER, "sglang/utils.py", QUANTIZER]
     for rel in edited:
         assert (bench / rel).read_text() == (built / rel).read_text() != published[rel]
         assert Path(f"{bench / rel}.orig").read_text() == published[rel]

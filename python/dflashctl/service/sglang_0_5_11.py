@@ -61,6 +61,9 @@ def pool_mib(free_mib: int, total_mib: int, fraction: float) -> int:
 # SGLang's own warm-up request returned and its status became Up (_wait_and_warmup), then one greedy
 # token of ours through /generate, which answers as soon as it is decoded. `log_metrics` false
 # (GenerateReqInput) keeps that request out of SGLang's metrics, as its own health request is.
+# The Nix stack's sglang fix-up promptReadiness (overlays/fixups/sglang.nix) takes both seconds out
+# of the locked wheel (the handler's and the warm-up's); a pip stack keeps them, and serve waits the
+# same way on either.
 WARMED_UP_LINE = "The server is fired up and ready to roll!"
 READY_DECODE = {"input_ids": list(range(100, 116)),  # ids below 1000: in every vocabulary
                 "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}, "log_metrics": False}
