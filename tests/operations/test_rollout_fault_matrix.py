@@ -78,7 +78,7 @@ class Host:
         self.call("router", "add")
         self.routed[url] = True
 
-    def wait_listed(self, url, healthy, timeout):
+    def wait_listed(self, url, healthy, timeout, poll=0.25):
         self.call("router", "wait_listed")
         return (url in self.routed) == healthy
 

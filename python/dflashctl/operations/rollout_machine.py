@@ -38,6 +38,10 @@ PROGRESS_EVERY_S = 5.0
 STEPS = ("take out", "drain", "measure before", "restart", "ready", "measure after", "put back", "hold")
 ROUTER_LISTS_S = 10.0  # the router's admin API works in the background: how long a change may take to show
 ADMIT_S = 60.0  # how long the router may take to route to an instance put back (its health check)
+# How often the router's worker list is read while an instance waits to be admitted: it is out of
+# rotation until then, and the router admits it as soon as one /health answers (about 50 ms with
+# the Nix stack's promptReadiness fix-up; a 0.25 s poll added up to 0.25 s to every instance).
+ADMIT_POLL_S = 0.05
 # A decode speed below the bar, with nothing else wrong, is read again (the best reading counts): on
 # the H200 an identical build read 0.78x once while the GPU's other instance served the host's load.
 SPEED_RECHECKS = 2
@@ -462,7 +466,7 @@ class Rollout:
             return
         t0 = time.monotonic()
         self.router(self.admin.add, t.cfg.base_url)
-        if not self.router(self.admin.wait_listed, t.cfg.base_url, True, ADMIT_S):
+        if not self.router(self.admin.wait_listed, t.cfg.base_url, True, ADMIT_S, ADMIT_POLL_S):
             raise StepFailed(f"{t.name}: the router did not route to it within {ADMIT_S:.0f} s of adding it",
                              "see `journalctl -u dflash-router` (its health check of the instance); then "
                              "`dflashctl rollout --resume`")
