@@ -47,10 +47,7 @@ def worker(health_s: float) -> tuple[socketserver.TCPServer, str]:
     class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         daemon_threads = True
 
-        def server_bind(self):  # the socket `listening` bound: no race for the port
-            pass
-
-    sock = listening(55535)
+    sock = listening(55535)  # bound and listening already: no race for the port
     server = Server(sock.getsockname(), Handler, bind_and_activate=False)
     server.socket.close()
     server.socket = sock

@@ -89,8 +89,8 @@ def imported_names(block: str) -> dict[str, list[str]]:
 
 def shaped_sglang_site(tmp_path: Path) -> Path:
     """A package of the shapes the fix-ups edit: utils.py's and http_server.py's (above), __init__.py's
-    around the published block (the fix-up's own OLD text), and frontend modules that bind each name to an object of their
-    own and record their import."""
+    around the published block (the fix-up's own OLD text), and frontend modules that bind each name
+    to an object of their own and record their import."""
     site = tmp_path / "out" / SITE
     old = frontend_edit().old
     (site / "sglang/lang/backend").mkdir(parents=True)

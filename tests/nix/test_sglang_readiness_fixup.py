@@ -186,12 +186,15 @@ def real_wait(path: Path, listens_after: float | None) -> tuple[bool, float, int
     clock = VirtualClock()
     tries, kills = [], []
 
+    def model_info():
+        raise Reached()
+
     def get(url, timeout, headers, verify):
         tries.append(clock.now)
         assert url.endswith("/model_info") and timeout == 5
         if listens_after is None or clock.now - START < listens_after:
             raise ConnectionRefused(url)
-        return types.SimpleNamespace(status_code=200, text="{}", json=lambda: (_ for _ in ()).throw(Reached()))
+        return types.SimpleNamespace(status_code=200, text="{}", json=model_info)
 
     requests = types.SimpleNamespace(get=get, exceptions=types.SimpleNamespace(RequestException=ConnectionRefused))
     namespace = {
